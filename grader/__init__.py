@@ -1,0 +1,1 @@
+"""The workbook's grader: ``python -m grader`` (see grader/__main__.py)."""

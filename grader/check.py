@@ -1,0 +1,133 @@
+"""What a check is, and the helpers checks are written with.
+
+A check is a plain function ``def name(ctx: Ctx)`` registered with ``@check(points=...)``.
+It builds inputs in the grader's process, calls learner code through ``ctx.learner``
+(which runs it in the worker), and judges the result with ``ctx.close`` / ``ctx.expect``.
+It passes by returning and fails by raising ``CheckFailed`` with a message that teaches.
+
+    @check(points=2, hint="rescale the running sum whenever the running max grows")
+    def rows_longer_than_a_block(ctx):
+        x = ctx.randn(4, 300)
+        y = ctx.learner.softmax(x)
+        ctx.close(y, reference.softmax(x), reference.softmax(x, compute_dtype=x.dtype), name="softmax")
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from kernels import tolerance
+from grader.worker import LearnerError
+
+
+class CheckFailed(AssertionError):
+    """A check's verdict: the learner's code is wrong, and the message says how."""
+
+
+@dataclass
+class Check:
+    name: str
+    fn: Callable
+    points: int = 1
+    gpu: bool = False          # needs a CUDA GPU; reported "not run" without one
+    timeout: float = 180.0     # seconds for one learner call, compile included
+    hint: str = ""             # the usual cause, shown when the check fails
+    doc: str = ""
+
+
+_REGISTRY: dict[str, list[Check]] = {}
+
+
+def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = ""):
+    """Register a check in the list of its module (one module of checks per stage)."""
+    def register(fn):
+        doc = (fn.__doc__ or "").strip().splitlines()
+        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__)
+        _REGISTRY.setdefault(fn.__module__, []).append(c)
+        return fn
+    return register
+
+
+def checks_of(module) -> list[Check]:
+    return list(_REGISTRY.get(module.__name__, []))
+
+
+def session_seed() -> int:
+    """Fresh inputs each run; ``WORKBOOK_SEED`` repeats a failing run exactly."""
+    env = os.environ.get("WORKBOOK_SEED")
+    return int(env) if env else secrets.randbelow(2**31)
+
+
+class _Learner:
+    def __init__(self, runner, timeout):
+        self._runner, self._timeout = runner, timeout
+
+    def __getattr__(self, fn_name):
+        if fn_name.startswith("_"):
+            raise AttributeError(fn_name)
+        return lambda *args, **kwargs: self._runner.call(fn_name, *args, timeout=self._timeout, **kwargs)
+
+
+@dataclass
+class Ctx:
+    """Everything a check needs: a learner proxy, fresh random inputs, and judgements."""
+    runner: object
+    seed: int
+    timeout: float = 180.0
+    generator: torch.Generator = field(init=False)
+
+    def __post_init__(self):
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.learner = _Learner(self.runner, self.timeout)
+
+    # -- inputs ---------------------------------------------------------------------------
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
+        """Fresh standard-normal numbers (never zeros), on the CPU of the grader's process."""
+        return (torch.randn(*shape, generator=self.generator) * scale).to(dtype)
+
+    def uniform(self, *shape: int, low: float, high: float, dtype=torch.float32) -> torch.Tensor:
+        return (torch.rand(*shape, generator=self.generator) * (high - low) + low).to(dtype)
+
+    # -- judgements -----------------------------------------------------------------------
+    def fail(self, message: str):
+        raise CheckFailed(message)
+
+    def expect(self, condition: bool, message: str) -> None:
+        if not condition:
+            raise CheckFailed(message)
+
+    def close(self, out, ref, baseline, *, name: str, factor: float = 2.0, floor: float | None = None,
+              dims=None, row_dim=None, block_m=None) -> None:
+        """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance)."""
+        report = tolerance.compare(out, ref, baseline, name=name, factor=factor, floor=floor, dims=dims,
+                                   row_dim=row_dim, block_m=block_m)
+        if not report.ok:
+            raise CheckFailed(report.message)
+
+    def expect_dtype(self, out, dtype, *, name: str) -> None:
+        if not isinstance(out, torch.Tensor):
+            raise CheckFailed(f"{name}: expected a tensor, got {type(out).__name__}")
+        if out.dtype != dtype:
+            raise CheckFailed(f"{name}: expected dtype {dtype}, got {out.dtype}")
+
+    def expect_error(self, fn_name: str, *args, errors=("ValueError", "TypeError"), mentions=(), why: str = "",
+                     **kwargs) -> None:
+        """Fail unless calling learner ``fn_name`` raises one of ``errors`` naming each word in ``mentions``."""
+        try:
+            getattr(self.learner, fn_name)(*args, **kwargs)
+        except LearnerError as exc:
+            if exc.type_name == "NotImplementedError":
+                raise
+            if exc.type_name not in errors:
+                raise CheckFailed(f"{why}: expected {' or '.join(errors)}, got {exc.type_name}: {exc.message[:300]}")
+            missing = [m for m in mentions if m not in exc.message]
+            if missing:
+                raise CheckFailed(f"{why}: the {exc.type_name} should name {', '.join(map(repr, missing))}; "
+                                  f"its message was {exc.message[:300]!r}")
+            return
+        raise CheckFailed(f"{why}: expected {' or '.join(errors)}, but the call returned normally")

@@ -1,0 +1,53 @@
+"""Deliberately wrong solutions, made by editing the real one, that a stage's checks must reject.
+
+A test that cannot fail is worthless.  Each stage lists its mutants in ``tests/wrong/stageN.py``::
+
+    MUTANTS = [
+        Mutant("no_rescale", "forgets to rescale acc when the max grows",
+               edits=[("acc = acc * alpha[..., None] + p @ vj", "acc = acc + p @ vj")],
+               caught_by=["attention_matches_reference"]),
+    ]
+
+Each edit replaces text that must occur exactly once in the solution, so a mutant breaks
+loudly (instead of silently testing nothing) when the solution changes under it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernels.loader import ROOT
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    why: str
+    edits: list[tuple[str, str]]
+    caught_by: list[str] = field(default_factory=list)   # checks that must FAIL on it
+    file: str = ".py"                                    # which of the stage's files to edit
+
+
+def build(stage, mutant: Mutant, dest: Path) -> Path:
+    """Write the stage's solution files with the mutant's edits applied into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in stage.files():
+        text = (ROOT / "solutions" / name).read_text()
+        if name.endswith(mutant.file):
+            for old, new in mutant.edits:
+                count = text.count(old)
+                if count != 1:
+                    raise ValueError(f"mutant {mutant.name!r}: {old!r} occurs {count} times in solutions/{name}; "
+                                     "expected exactly once (update the mutant to match the solution)")
+                text = text.replace(old, new)
+        (dest / name).write_text(text)
+    return dest
+
+
+def copy_solution(stage, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in stage.files():
+        shutil.copy2(ROOT / "solutions" / name, dest / name)
+    return dest

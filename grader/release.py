@@ -1,0 +1,122 @@
+"""Generate the learner's files in stages/ from the instructor's solutions/.
+
+In a solution, code between ``# BEGIN SOLUTION`` and ``# END SOLUTION`` is what the learner
+writes.  The comments just above the block (the TODO) stay; the block becomes one stub line:
+
+    # BEGIN SOLUTION              ->  raise NotImplementedError("stage1_online_softmax.py, TODO at line 42")
+    # BEGIN SOLUTION stub=pass    ->  pass        (inside a @triton.jit kernel, where raise cannot go)
+    # BEGIN SOLUTION stub=        ->  (nothing: solution-only code such as a __main__ benchmark)
+
+In a ``.cu`` file the markers are ``// BEGIN SOLUTION`` and ``// END SOLUTION``.
+
+Release never destroys a learner's work.  ``stages/.release.json`` records what release last
+wrote; a stage file that differs from it was edited by the learner and is left alone unless
+``force=True``, and then it is first copied to ``stages/.backup/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+from kernels.loader import ROOT
+
+MANIFEST = ".release.json"
+_BEGIN = re.compile(r"^(\s*)(?:#|//) BEGIN SOLUTION(?:\s+stub=(.*))?\s*$")
+_END = re.compile(r"^\s*(?:#|//) END SOLUTION\s*$")
+
+
+class MarkerError(ValueError):
+    pass
+
+
+def render(text: str, filename: str) -> str:
+    """The learner's version of a solution file."""
+    out: list[str] = []
+    inside = False
+    start = 0
+    for lineno, line in enumerate(text.splitlines(keepends=True), 1):
+        begin, end = _BEGIN.match(line), _END.match(line)
+        if begin:
+            if inside:
+                raise MarkerError(f"{filename}:{lineno}: BEGIN SOLUTION inside another (opened at line {start})")
+            inside, start = True, lineno
+            indent, stub = begin.group(1), begin.group(2)
+            if stub is None and filename.endswith(".cu"):
+                stub = ""  # C++ has no NotImplementedError: the .cu's TODO comments say what to write
+            elif stub is None:
+                stub = f'raise NotImplementedError("{filename}: fill in the TODO at line {len(out) + 1}")'
+            if stub.strip():
+                out.append(f"{indent}{stub.strip()}\n")
+        elif end:
+            if not inside:
+                raise MarkerError(f"{filename}:{lineno}: END SOLUTION without a BEGIN")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise MarkerError(f"{filename}:{start}: BEGIN SOLUTION is never closed")
+    return "".join(out)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def stage_files(solutions: Path) -> list[Path]:
+    return sorted(p for p in solutions.iterdir() if p.name.startswith("stage") and p.suffix in (".py", ".cu"))
+
+
+def rendered(solutions: Path | None = None) -> dict[str, str]:
+    """File name -> learner text, for every stage file in solutions/."""
+    solutions = solutions or ROOT / "solutions"
+    return {p.name: render(p.read_text(), p.name) for p in stage_files(solutions)}
+
+
+def is_untouched(path: Path, solutions: Path | None = None) -> bool:
+    """True when a learner file is exactly what release generates (the learner has not started)."""
+    expected = rendered(solutions).get(path.name)
+    return expected is not None and path.exists() and path.read_text() == expected
+
+
+def check(*, stages: Path | None = None, solutions: Path | None = None) -> list[str]:
+    """Names of files in stages/ that are not what release would write now (empty: in sync)."""
+    stages = stages or ROOT / "stages"
+    return [name for name, text in rendered(solutions).items()
+            if not (stages / name).exists() or (stages / name).read_text() != text]
+
+
+def release(*, force: bool = False, stages: Path | None = None, solutions: Path | None = None,
+            log=print) -> int:
+    """Write stages/ from solutions/; return how many edited files were kept (not overwritten)."""
+    stages = stages or ROOT / "stages"
+    stages.mkdir(exist_ok=True)
+    manifest_path = stages / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    kept = 0
+    for name, text in rendered(solutions).items():
+        target = stages / name
+        if target.exists():
+            current = target.read_text()
+            if current == text:
+                manifest[name] = _sha(text)
+                continue
+            edited = manifest.get(name) != _sha(current)
+            if edited and not force:
+                log(f"kept     {name}: it has your edits (release --force overwrites it and keeps a backup)")
+                kept += 1
+                continue
+            if edited:
+                backup = stages / ".backup" / f"{name}.{time.strftime('%Y%m%d-%H%M%S')}"
+                backup.parent.mkdir(exist_ok=True)
+                shutil.copy2(target, backup)
+                log(f"backup   {name} -> {backup.relative_to(stages.parent)}")
+        target.write_text(text)
+        manifest[name] = _sha(text)
+        log(f"wrote    {name}")
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return kept

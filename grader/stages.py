@@ -1,0 +1,52 @@
+"""The workbook's stages: one row each, the single list the grader, release and tests share."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from kernels.loader import ROOT
+
+
+@dataclass(frozen=True)
+class Stage:
+    number: int
+    module: str        # file name in stages/ and solutions/, without .py
+    title: str
+    notebook: str      # file name in notebooks/
+    runs_on: str       # "CPU or GPU", or "GPU" where the kernel itself needs one
+
+    @property
+    def name(self) -> str:
+        return f"stage{self.number}"
+
+    @property
+    def checks_module(self) -> str:
+        return f"grader.checks.{self.name}"
+
+    def checks(self):
+        from grader.check import checks_of
+        return checks_of(importlib.import_module(self.checks_module))
+
+    def files(self) -> list[str]:
+        """The stage's files in stages/ (a .py, and a .cu beside it where the stage has one)."""
+        names = [f"{self.module}.py"]
+        if (ROOT / "solutions" / f"{self.module}.cu").exists():
+            names.append(f"{self.module}.cu")
+        return names
+
+
+STAGES: list[Stage] = [
+    Stage(1, "stage1_online_softmax", "online softmax; tiled attention in PyTorch",
+          "01_online_softmax.ipynb", "CPU or GPU"),
+]
+
+
+def find(name: str) -> Stage:
+    """A stage by 'stage3', '3' or its module name; otherwise a ValueError listing the stages."""
+    key = name.strip().lower()
+    for stage in STAGES:
+        if key in (stage.name, str(stage.number), stage.module):
+            return stage
+    listing = ", ".join(f"{s.name} ({s.module})" for s in STAGES)
+    raise ValueError(f"unknown stage {name!r}; the stages are: {listing}")

@@ -1,0 +1,1 @@
+"""Finished code every stage stands on: reference, masks, runtime, loader, tolerance, plots."""

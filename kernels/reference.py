@@ -1,0 +1,119 @@
+"""The one reference attention every test, notebook and benchmark compares against.
+
+It is deliberately naive: it builds the whole score matrix in float64, so it is easy to
+trust and only suitable for test sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import masks, tolerance, validate
+
+
+def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None,
+              compute_dtype=torch.float64):
+    """Scaled dot-product attention with every feature of the workbook, as the specification.
+
+    Shapes (the workbook's layout is ``(batch, heads, sequence, head dim)``)::
+
+        q      (B, Hq,  Nq, D)    queries; may be non-contiguous
+        k, v   (B, Hkv, Nk, D)    keys and values; Hq % Hkv == 0
+        sinks  (Hq,)              float32 learned sink logits, or None
+        o      (B, Hq,  Nq, D)    returned in ``compute_dtype`` (float64 by default)
+        lse    (B, Hq,  Nq)       natural-log log-sum-exp of each row's scaled scores
+
+    Scores are ``s[i, j] = sm_scale * q[i] . k[j]`` with ``sm_scale = 1/sqrt(D)`` by default.
+    ``o[i] = sum_j p[i, j] v[j]`` with ``p = exp(s - lse)`` over the visible keys.
+
+    **GQA / MQA.**  Query head ``h`` reads key/value head ``h // (Hq // Hkv)``: with Hq = 8 and
+    Hkv = 2, heads 0-3 share kv head 0 and heads 4-7 share kv head 1 (MQA is Hkv = 1).
+
+    **Causal, aligned bottom-right.**  Query ``i`` sees key ``j`` iff ``j <= i + (Nk - Nq)``, so
+    the last query always sees the last key.  ``#`` is visible, ``.`` masked::
+
+        Nq = 3, Nk = 5 (offset +2)       Nq = 5, Nk = 3 (offset -2)
+              k0 k1 k2 k3 k4                   k0 k1 k2
+          q0   #  #  #  .  .               q0   .  .  .    <- sees no key
+          q1   #  #  #  #  .               q1   .  .  .    <- sees no key
+          q2   #  #  #  #  #               q2   #  .  .
+                                           q3   #  #  .
+                                           q4   #  #  #
+
+    **Sliding window** ``window=W`` (needs ``causal=True``): query ``i`` sees key ``j`` iff
+    ``i' - W < j <= i'`` with ``i' = i + (Nk - Nq)``: exactly ``W`` keys counting its own::
+
+        W = 3, Nq = Nk = 6
+              k0 k1 k2 k3 k4 k5
+          q0   #  .  .  .  .  .
+          q1   #  #  .  .  .  .
+          q2   #  #  #  .  .  .
+          q3   .  #  #  #  .  .
+          q4   .  .  #  #  #  .
+          q5   .  .  .  #  #  #
+
+    **Sink tokens** ``sink_tokens=S`` (StreamingLLM): keys ``j < S`` stay visible to every
+    query that may see them causally, whatever the window.  ``S`` has no effect without a
+    window, since causal attention sees them anyway::
+
+        W = 2, S = 1, Nq = Nk = 6
+              k0 k1 k2 k3 k4 k5
+          q0   #  .  .  .  .  .
+          q1   #  #  .  .  .  .
+          q2   #  #  #  .  .  .
+          q3   #  .  #  #  .  .
+          q4   #  .  .  #  #  .
+          q5   #  .  .  .  #  #
+
+    **Learned sinks** ``sinks`` (gpt-oss): one logit per query head, a virtual key whose
+    value is zero.  It adds ``exp(sinks[h])`` to every row's softmax denominator, so the
+    visible keys' weights sum to less than one::
+
+        lse[b, h, i] = log( exp(sinks[h]) + sum over visible j of exp(s[i, j]) )
+
+    **Rows that see no key** (possible when Nq > Nk with causal alignment) give ``o = 0`` and
+    ``lse = -inf``, or ``lse = sinks[h]`` with learned sinks: never NaN.
+
+    ``compute_dtype`` exists for the tolerance rule: the same computation in the input's
+    dtype measures how much error plain PyTorch makes at that precision.  ``"tf32"`` computes
+    in float32 with every matmul operand rounded to TF32, as a GPU's float32 ``tl.dot`` does.
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
+        q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    group = Hq // Hkv
+    tf32 = compute_dtype == "tf32"
+    compute_dtype = torch.float32 if tf32 else compute_dtype
+    operand = tolerance.round_tf32 if tf32 else (lambda t: t)
+    qc, kc, vc = (operand(t.to(compute_dtype)) for t in (q, k, v))
+    kc = kc.repeat_interleave(group, dim=1)                       # (B, Hq, Nk, D)
+    vc = vc.repeat_interleave(group, dim=1)
+
+    s = torch.matmul(qc, kc.transpose(-1, -2)) * scale           # (B, Hq, Nq, Nk)
+    visible = masks.materialize(
+        masks.attention_mask(Nq, Nk, causal=causal, window=window, sink_tokens=sink_tokens),
+        Nq, Nk, device=q.device)
+    s = s.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        sink_col = sinks.to(compute_dtype).view(1, Hq, 1, 1).expand(B, Hq, Nq, 1)
+        s = torch.cat([s, sink_col], dim=-1)                     # (B, Hq, Nq, Nk + 1)
+
+    lse = torch.logsumexp(s, dim=-1)                             # (B, Hq, Nq); -inf if empty
+    safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - safe_lse[..., None])                       # exp(-inf) = 0 on masked keys
+    if sinks is not None:
+        p = p[..., :Nk]                                          # the sink's value is zero
+    o = torch.matmul(operand(p.to(compute_dtype)), vc)                    # (B, Hq, Nq, D)
+    return o, lse
+
+
+def softmax(x: torch.Tensor, *, compute_dtype=torch.float64) -> torch.Tensor:
+    """Row softmax over the last dimension; a row that is all ``-inf`` gives zeros, not NaN."""
+    x = x.to(compute_dtype)
+    m = x.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+    e = torch.exp(x - m)
+    d = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(d == 0, torch.ones_like(d), d)

@@ -1,0 +1,99 @@
+"""The workbook's one tolerance rule, and error reports a learner can act on.
+
+FlashAttention's rule: a kernel's error against the float64 reference may be at most
+``factor`` times (2 for outputs, 3 for gradients) the error that plain PyTorch makes doing
+the same computation in the input's dtype, plus a small floor.  A kernel is then held to
+"as accurate as PyTorch", whatever the dtype.
+
+On a GPU, Triton's float32 ``tl.dot`` uses TF32 (10-bit mantissa).  ``round_tf32`` lets the
+PyTorch baseline make the same rounding so float32 kernels are judged fairly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Report:
+    ok: bool
+    message: str
+    max_error: float = 0.0
+    allowed: float = 0.0
+
+
+def round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round a float32 tensor to TF32 (keep 10 mantissa bits, round to nearest even)."""
+    bits = x.float().contiguous().view(torch.int32)
+    lsb = (bits >> 13) & 1
+    bits = (bits + 0x0FFF + lsb) & ~0x1FFF
+    return bits.view(torch.float32)
+
+
+def baseline_dtype(dtype: torch.dtype):
+    """The precision plain PyTorch is measured at for the tolerance rule on this device.
+
+    float32 on a GPU means TF32 matmuls (Triton's default for a float32 ``tl.dot``).
+    """
+    from kernels import runtime
+    return "tf32" if dtype == torch.float32 and runtime.ON_GPU else dtype
+
+
+def _position(index: tuple[int, ...], dims: tuple[str, ...] | None) -> str:
+    if dims is None or len(dims) != len(index):
+        return str(index)
+    return "(" + ", ".join(f"{d}={i}" for d, i in zip(dims, index)) + ")"
+
+
+def compare(out, ref: torch.Tensor, baseline: torch.Tensor, *, name: str = "o", factor: float = 2.0,
+            floor: float | None = None, dims: tuple[str, ...] | None = None,
+            row_dim: int | None = None, block_m: int | None = None) -> Report:
+    """Judge ``out`` against the float64 ``ref``, allowing ``factor`` x the error of ``baseline``.
+
+    ``dims`` names the axes in messages (``("b", "h", "i", "d")``); with ``row_dim`` and
+    ``block_m`` the message also names the query block (the tile row) of the worst element.
+    Positions where ``ref`` is infinite (``lse = -inf`` for rows that see no key) must match it
+    exactly.  NaN in ``out`` always fails.
+    """
+    if not isinstance(out, torch.Tensor):
+        return Report(False, f"{name}: expected a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(ref.shape):
+        return Report(False, f"{name}: expected shape {tuple(ref.shape)}, got {tuple(out.shape)}")
+    got = out.detach().to("cpu", torch.float64)
+    ref = ref.detach().to("cpu", torch.float64)
+    base = baseline.detach().to("cpu", torch.float64)
+
+    n_nan = int(torch.isnan(got).sum())
+    inf_ref = torch.isinf(ref)
+    bad_inf = (torch.isinf(got) | inf_ref) & (got != ref)
+    n_bad_inf = int(bad_inf.sum())
+    finite = ~inf_ref
+    err = torch.where(finite, (got - ref).abs(), torch.zeros_like(ref))
+    err = torch.where(torch.isnan(err) | bad_inf, torch.full_like(err, float("inf")), err)
+    base_err = torch.where(finite & torch.isfinite(base), (base - ref).abs(), torch.zeros_like(ref))
+    scale = float(ref[finite].abs().max()) if bool(finite.any()) else 1.0
+    if floor is None:
+        floor = 4 * torch.finfo(torch.float32).eps * (1.0 + scale)
+    allowed = factor * float(base_err.max()) + floor if base_err.numel() else floor
+    max_err = float(err.max()) if err.numel() else 0.0
+    if max_err <= allowed and n_nan == 0:
+        return Report(True, f"{name}: max error {max_err:.2e} <= allowed {allowed:.2e}", max_err, allowed)
+
+    worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(err), err.shape))
+    where = _position(worst, dims)
+    if row_dim is not None and block_m:
+        where += f", query block {worst[row_dim] // block_m} (rows {worst[row_dim] // block_m * block_m}.."
+        where += f"{worst[row_dim] // block_m * block_m + block_m - 1})"
+    fin_err = err[torch.isfinite(err)]
+    mean = float(fin_err.mean()) if fin_err.numel() else float("nan")
+    parts = [f"{name}: max error {max_err:.3g} > allowed {allowed:.3g} "
+             f"({factor:g} x PyTorch's own error {float(base_err.max()):.3g} + {floor:.1g})",
+             f"mean error {mean:.3g}; worst at {where}: got {float(got[worst]):.6g}, expected {float(ref[worst]):.6g}"]
+    if n_nan:
+        parts.append(f"{n_nan} NaN of {got.numel()} (a masked row divided by zero, exp(-inf - -inf), "
+                     "or an element the kernel never wrote)")
+    if n_bad_inf:
+        parts.append(f"{n_bad_inf} elements where the reference or the output is infinite and they differ")
+    return Report(False, "; ".join(parts), max_err, allowed)

@@ -1,0 +1,44 @@
+"""Every stage's deliberately wrong solutions (tests/wrong/stageN.py) must be rejected by its checks."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from grader import mutants, stages
+from grader.grade import grade_stage
+
+WRONG = Path(__file__).parent / "wrong"
+
+
+def _mutants():
+    for stage in stages.STAGES:
+        path = WRONG / f"{stage.name}.py"
+        if not path.exists():
+            continue
+        spec = importlib.util.spec_from_file_location(f"wrong_{stage.name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for m in module.MUTANTS:
+            yield pytest.param(stage, m, id=f"{stage.name}-{m.name}")
+
+
+def test_every_stage_has_three_wrong_solutions():
+    for stage in stages.STAGES:
+        count = sum(1 for p in _mutants() if p.values[0] is stage)
+        assert count >= 3, f"{stage.name} has {count} wrong solutions in tests/wrong/; expected at least 3"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage,mutant", list(_mutants()))
+def test_wrong_solution_is_rejected(stage, mutant, tmp_path):
+    names = {c.name for c in stage.checks()}
+    assert mutant.caught_by and set(mutant.caught_by) <= names, \
+        f"mutant {mutant.name} must name the checks that catch it, from {sorted(names)}"
+    folder = mutants.build(stage, mutant, tmp_path / "stages")
+    result = grade_stage(stage, str(folder), only=mutant.caught_by)
+    if all(r.status == "not run" for r in result.results):
+        pytest.skip("the checks that catch this mutant need a CUDA GPU")
+    verdicts = {r.name: (r.status, r.message) for r in result.results}
+    missed = [name for name, (status, _) in verdicts.items() if status in ("pass",)]
+    assert not missed, f"{mutant.name} ({mutant.why}) passed {missed}: those checks cannot tell it is wrong"
