@@ -17,7 +17,7 @@ def run_notebook(stage: Stage, source: str = "stages", *, timeout: int = 900) ->
         print(f"no notebook for {stage.name} at {path}")
         return False
     env = dict(os.environ, **{ENV_VAR: str(source)})
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env",
            f"--nbval-cell-timeout={timeout}", str(path)]
     print(f"\nrunning {path.relative_to(ROOT)} with nbval against {source}/ ...", flush=True)
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode == 0

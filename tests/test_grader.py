@@ -1,0 +1,95 @@
+"""The grader itself: release, "not started", and learner code that crashes, hangs or is unfinished."""
+
+import subprocess
+import sys
+
+import pytest
+
+from grader import release, stages
+from grader.grade import grade_stage
+from grader.mutants import copy_solution
+from kernels.loader import ROOT
+
+STAGE1 = stages.find("stage1")
+SOLUTION = (ROOT / "solutions" / f"{STAGE1.module}.py").read_text()
+
+
+def _submission(tmp_path, old, new):
+    folder = copy_solution(STAGE1, tmp_path / "sub")
+    path = folder / f"{STAGE1.module}.py"
+    assert SOLUTION.count(old) == 1
+    path.write_text(SOLUTION.replace(old, new))
+    return folder
+
+
+def test_render_replaces_solution_blocks_and_keeps_todos():
+    text = "def f():\n    # TODO: add\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n" \
+           "# BEGIN SOLUTION stub=\nprint('demo')\n# END SOLUTION\n" \
+           "    # BEGIN SOLUTION stub=pass\n    x = 1\n    # END SOLUTION\n"
+    out = release.render(text, "s.py")
+    assert "# TODO: add" in out and "return 1" not in out and "demo" not in out
+    assert 'raise NotImplementedError("s.py: fill in the TODO at line 3")' in out
+    assert out.rstrip().endswith("    pass")
+    with pytest.raises(release.MarkerError, match="never closed"):
+        release.render("# BEGIN SOLUTION\nx\n", "s.py")
+
+
+def test_release_keeps_learner_edits_and_force_keeps_a_backup(tmp_path):
+    stages_dir = tmp_path / "stages"
+    release.release(stages=stages_dir, log=lambda *_: None)
+    assert release.check(stages=stages_dir) == []
+    learner = stages_dir / f"{STAGE1.module}.py"
+    learner.write_text(learner.read_text() + "\n# my work\n")
+    kept = release.release(stages=stages_dir, log=lambda *_: None)
+    assert kept == 1 and learner.read_text().endswith("# my work\n")
+    assert release.check(stages=stages_dir) == [learner.name]
+    release.release(stages=stages_dir, force=True, log=lambda *_: None)
+    backups = list((stages_dir / ".backup").iterdir())
+    assert len(backups) == 1 and backups[0].read_text().endswith("# my work\n")
+    assert release.check(stages=stages_dir) == []
+
+
+def test_released_stages_are_in_sync_and_untouched_files_are_not_started():
+    assert release.check() == [], "run: python -m grader release"
+    for stage in stages.STAGES:
+        result = grade_stage(stage, "stages")
+        assert result.status == "not started", f"{stage.name}: {result.status}"
+        assert result.score == 0 and not result.ok
+
+
+def test_unfinished_code_is_todo_and_wrong_code_fails(tmp_path):
+    folder = _submission(tmp_path, "        m = m_new\n        # END SOLUTION",
+                         "        raise NotImplementedError('TODO(1a)')\n        # END SOLUTION")
+    result = grade_stage(STAGE1, str(folder), only=["softmax_awkward_lengths", "attention_matches_reference"])
+    status = {r.name: r.status for r in result.results}
+    assert status == {"softmax_awkward_lengths": "todo", "attention_matches_reference": "pass"}
+    assert not result.ok
+
+
+def test_crash_and_hang_fail_their_check_and_grading_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_CHECK_TIMEOUT", "20")
+    folder = _submission(tmp_path, "    xf = x.float()\n",
+                         "    import os\n    if x.shape[-1] == 1: os.abort()\n    if x.shape[-1] == 300: \n"
+                         "        while True: pass\n    xf = x.float()\n")
+    result = grade_stage(STAGE1, str(folder),
+                         only=["softmax_awkward_lengths", "softmax_large_values", "attention_matches_reference"])
+    status = {r.name: (r.status, r.message) for r in result.results}
+    assert status["softmax_awkward_lengths"][0] == "crash" and "abort" in status["softmax_awkward_lengths"][1]
+    assert status["softmax_large_values"][0] == "timeout"
+    assert status["attention_matches_reference"][0] == "pass"
+
+
+def test_import_error_is_reported_for_every_check(tmp_path):
+    folder = _submission(tmp_path, "import math\n", "import math\ndef broken(:\n")
+    result = grade_stage(STAGE1, str(folder))
+    assert result.status == "import error"
+    assert all(r.status == "crash" and "SyntaxError" in r.message for r in result.results)
+
+
+def test_cli_lists_stages_for_an_unknown_name_and_exit_codes():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "grader", *a], cwd=ROOT, capture_output=True, text=True)
+    bad = run("stage42")
+    assert bad.returncode == 2 and "stage1 (stage1_online_softmax)" in bad.stderr
+    good = run("stage1", "--solutions", "--only", "softmax_float16")
+    assert good.returncode == 0 and "pass" in good.stdout
+    assert run("release", "--check").returncode == 0

@@ -1,0 +1,128 @@
+"""The float64 reference and the masks are the specification: test them against independent code."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import masks, reference, tolerance
+
+torch.manual_seed(0)
+
+
+def _loop_attention(q, k, v, visible, sinks=None, scale=None):
+    """Row by row in Python: slow, obvious, and written independently of reference.attention."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    scale = scale or 1 / math.sqrt(D)
+    o = torch.zeros(B, Hq, Nq, D, dtype=torch.float64)
+    lse = torch.full((B, Hq, Nq), -math.inf, dtype=torch.float64)
+    for b in range(B):
+        for h in range(Hq):
+            g = h // (Hq // Hkv)
+            for i in range(Nq):
+                keys = [j for j in range(Nk) if visible[i][j]]
+                logits = [float(q[b, h, i].double() @ k[b, g, j].double()) * scale for j in keys]
+                if sinks is not None:
+                    logits_all = logits + [float(sinks[h])]
+                else:
+                    logits_all = logits
+                if not logits_all:
+                    continue
+                mx = max(logits_all)
+                total = sum(math.exp(x - mx) for x in logits_all)
+                lse[b, h, i] = mx + math.log(total)
+                for j, x in zip(keys, logits):
+                    o[b, h, i] += math.exp(x - lse[b, h, i]) * v[b, g, j].double()
+    return o, lse
+
+
+def _grid(nq, nk, rule):
+    return [[rule(i, j) for j in range(nk)] for i in range(nq)]
+
+
+CASES = [
+    # (Nq, Nk, Hq, Hkv, kwargs, visibility rule written from DESIGN.md's sentences)
+    (5, 7, 2, 2, {}, lambda i, j, nq, nk: True),
+    (3, 5, 2, 1, dict(causal=True), lambda i, j, nq, nk: j <= i + nk - nq),
+    (5, 3, 4, 2, dict(causal=True), lambda i, j, nq, nk: j <= i + nk - nq),
+    (9, 9, 2, 2, dict(causal=True, window=3), lambda i, j, nq, nk: i + nk - nq - 3 < j <= i + nk - nq),
+    (6, 10, 2, 2, dict(causal=True, window=2, sink_tokens=2),
+     lambda i, j, nq, nk: j <= i + nk - nq and (j > i + nk - nq - 2 or j < 2)),
+]
+
+
+@pytest.mark.parametrize("nq,nk,hq,hkv,kw,rule", CASES)
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_reference_matches_row_by_row_loop(nq, nk, hq, hkv, kw, rule, with_sinks):
+    q, k, v = torch.randn(2, hq, nq, 8), torch.randn(2, hkv, nk, 8), torch.randn(2, hkv, nk, 8)
+    sinks = torch.tensor([-1.5, 0.5, 2.0, 30.0][:hq]) if with_sinks else None
+    o, lse = reference.attention(q, k, v, sinks=sinks, **kw)
+    o2, lse2 = _loop_attention(q, k, v, _grid(nq, nk, lambda i, j: rule(i, j, nq, nk)), sinks)
+    torch.testing.assert_close(o, o2, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lse, lse2, rtol=1e-10, atol=1e-10)
+
+
+def test_reference_matches_sdpa_and_gqa_equals_repeated_heads():
+    q, k, v = torch.randn(2, 8, 33, 16), torch.randn(2, 2, 33, 16), torch.randn(2, 2, 33, 16)
+    o, _ = reference.attention(q, k, v, causal=True)
+    kr, vr = k.repeat_interleave(4, 1), v.repeat_interleave(4, 1)
+    o_sdpa = F.scaled_dot_product_attention(q.double(), kr.double(), vr.double(), is_causal=True)
+    torch.testing.assert_close(o, o_sdpa)
+
+
+def test_empty_rows_are_zero_never_nan():
+    q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    o, lse = reference.attention(q, k, v, causal=True)           # rows 0..2 see no key
+    assert torch.equal(o[:, :, :3], torch.zeros_like(o[:, :, :3]))
+    assert torch.isneginf(lse[:, :, :3]).all() and torch.isfinite(lse[:, :, 3:]).all()
+    sinks = torch.tensor([0.25, -3.0])
+    o, lse = reference.attention(q, k, v, causal=True, sinks=sinks)
+    assert torch.equal(o[:, :, :3], torch.zeros_like(o[:, :, :3]))
+    torch.testing.assert_close(lse[0, :, 0], sinks.double())
+
+
+def test_large_learned_sink_takes_the_mass_without_overflow():
+    q, k, v = torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8)
+    o, lse = reference.attention(q, k, v, sinks=torch.tensor([40.0]))
+    assert torch.isfinite(o).all() and o.abs().max() < 1e-12
+    torch.testing.assert_close(lse, torch.full_like(lse, 40.0), rtol=0, atol=1e-12)
+
+
+def test_window_without_causal_and_bad_sinks_are_rejected():
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="window"):
+        reference.attention(q, q, q, window=2)
+    with pytest.raises(ValueError, match="sinks"):
+        reference.attention(q, q, q, sinks=torch.zeros(3))
+    with pytest.raises(ValueError, match="Hq % Hkv"):
+        reference.attention(torch.randn(1, 3, 4, 8), q, q)
+
+
+def test_softmax_reference_rows_of_minus_inf():
+    x = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf] * 3])
+    y = reference.softmax(x)
+    torch.testing.assert_close(y[0], torch.softmax(x[0].double(), -1))
+    assert torch.equal(y[1], torch.zeros(3, dtype=torch.float64))
+
+
+def test_masks_compose_as_the_docstring_draws():
+    m = masks.materialize(masks.attention_mask(6, 6, causal=True, window=2, sink_tokens=1), 6, 6)
+    drawn = ["#.....", "##....", "###...", "#.##..", "#..##.", "#...##"]
+    assert [''.join('#' if x else '.' for x in row) for row in m.tolist()] == drawn
+
+
+def test_tf32_rounding_keeps_ten_mantissa_bits():
+    x = torch.tensor([1.0 + 2**-10, 1.0 + 2**-11 + 2**-12, 1.0 + 2**-12, 3.0])
+    y = tolerance.round_tf32(x)
+    assert y.tolist() == [1.0 + 2**-10, 1.0 + 2**-10, 1.0, 3.0]
+
+
+def test_tolerance_reports_nan_position_and_tile():
+    ref = torch.randn(1, 1, 40, 4, dtype=torch.float64)
+    out = ref.clone().float()
+    out[0, 0, 33, 1] = float("nan")
+    r = tolerance.compare(out, ref, ref.float(), name="o", dims=("b", "h", "i", "d"), row_dim=2, block_m=16)
+    assert not r.ok and "i=33" in r.message and "query block 2" in r.message and "NaN" in r.message
+    assert tolerance.compare(ref.float(), ref, ref.float(), name="o").ok
