@@ -137,3 +137,27 @@ def plot_online_softmax(row: torch.Tensor, block: int, *, axes=None):
     a2.legend(fontsize=8)
     plt.tight_layout()
     return axes
+
+
+def mark_sequence_ends(ax, nq: int, nk: int):
+    """Hatch the part of a tile grid that lies past the last query or the last key.
+
+    Use it on the axes ``plot_tile_grid`` returns when ``nq`` or ``nk`` is not a multiple of
+    the block: the last tiles are then partial, and the hatched part is never loaded.
+    """
+    from matplotlib.patches import Rectangle
+
+    x0, x1 = sorted(ax.get_xlim())
+    y0, y1 = sorted(ax.get_ylim())
+    style = dict(facecolor="white", alpha=0.6, hatch="//", edgecolor="#777777", lw=0)
+    if nk < x1:
+        ax.add_patch(Rectangle((nk, y0), x1 - nk, y1 - y0, **style))
+        ax.axvline(nk, color="#e63946", lw=1.5, ls="--")
+        ax.text((nk + x1) / 2, (y0 + y1) / 2, f"past key {nk - 1}", rotation=90, ha="center",
+                va="center", fontsize=8, color="#333333")
+    if nq < y1:
+        ax.add_patch(Rectangle((x0, nq), min(nk, x1) - x0, y1 - nq, **style))
+        ax.axhline(nq, color="#e63946", lw=1.5, ls="--")
+        ax.text((x0 + min(nk, x1)) / 2, (nq + y1) / 2, f"past query {nq - 1}", ha="center",
+                va="center", fontsize=8, color="#333333")
+    return ax
