@@ -39,6 +39,8 @@ class Stage:
 STAGES: list[Stage] = [
     Stage(1, "stage1_online_softmax", "online softmax; tiled attention in PyTorch",
           "01_online_softmax.ipynb", "CPU or GPU"),
+    Stage(2, "stage2_first_triton", "a first Triton kernel: program ids, pointers, masks, block loops",
+          "02_first_triton.ipynb", "CPU or GPU"),
 ]
 
 

@@ -161,3 +161,179 @@ def mark_sequence_ends(ax, nq: int, nk: int):
         ax.text((x0 + min(nk, x1)) / 2, (nq + y1) / 2, f"past query {nq - 1}", ha="center",
                 va="center", fontsize=8, color="#333333")
     return ax
+
+
+def plot_program_ownership(m: int, n: int, block_m: int, block_n: int, *, ax=None, title: str = ""):
+    """Which program owns each element of an (m, n) tensor, and in which loop iteration it is read.
+
+    The grid is one program per ``block_m`` rows; each program walks its rows ``block_n`` columns
+    at a time.  Colour: the program; number: the loop iteration (column block); hatched: lanes of
+    the last blocks that hang past the tensor and are masked off.
+    """
+    rows, cols = math.ceil(m / block_m) * block_m, math.ceil(n / block_n) * block_n
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    program = r // block_m
+    real = (r < m) & (c < n)
+    palette = plt.get_cmap("tab10")
+    image = np.ones((rows, cols, 3))
+    for p in range(rows // block_m):
+        image[(program == p) & real] = palette(p % 10)[:3]
+    shade = ((c // block_n) % 2 == 1) & real                  # alternate column blocks lighter
+    image[shade] = 0.65 * image[shade] + 0.35
+    image[~real] = 0.93
+    ax = _axes(ax, figsize=(max(3.5, min(10, cols / 2.2)), max(2.5, min(8, rows / 2.2))))
+    ax.imshow(image, interpolation="nearest", aspect="equal")
+    from matplotlib.patches import Rectangle
+    for (i, j), ok in np.ndenumerate(real):
+        if not ok:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#aaaaaa", lw=0))
+        elif rows * cols <= 600:
+            ax.text(j, i, str(j // block_n), ha="center", va="center", fontsize=7, color="white")
+    for x in range(block_n, cols, block_n):
+        ax.axvline(x - 0.5, color="black", lw=1.2)
+    for y in range(block_m, rows, block_m):
+        ax.axhline(y - 0.5, color="black", lw=1.2)
+    ax.axvline(n - 0.5, color="#e63946", lw=1.5, ls="--")
+    if m < rows:
+        ax.axhline(m - 0.5, color="#e63946", lw=1.5, ls="--")
+    ax.set_yticks(range(rows), [str(i) if i < m else f"({i})" for i in range(rows)], fontsize=7)
+    ax.set_xticks(range(0, cols, max(1, block_n // 4)))
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel("column  (number: the loop iteration that reads it; hatched: masked lanes)")
+    ax.set_ylabel("row")
+    ax.set_title(title or f"({m}, {n}): {rows // block_m} programs of {block_m} rows, "
+                          f"{cols // block_n} column blocks of {block_n}")
+    return ax
+
+
+def plot_memory_order(x: torch.Tensor, *, ax=None, title: str = ""):
+    """The memory behind a 2-D tensor or view, one cell per element slot, in address order.
+
+    Each slot shows which element ``(r, c)`` of ``x`` lives there and is coloured by its row,
+    so a contiguous tensor shows rows as runs and a transposed view shows them interleaved.
+    Slots of the storage that ``x`` does not use (the gaps of a strided slice) are grey.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"x must have 2 dimensions, got shape {tuple(x.shape)}")
+    m, n = x.shape
+    s0, s1 = x.stride()
+    span = (m - 1) * s0 + (n - 1) * s1 + 1 if x.numel() else 0
+    owner = np.full(span, -1)
+    label = [""] * span
+    for r in range(m):
+        for c in range(n):
+            owner[r * s0 + c * s1] = r
+            label[r * s0 + c * s1] = f"{r},{c}"
+    palette = plt.get_cmap("tab10")
+    image = np.array([palette(o % 10)[:3] if o >= 0 else (0.93, 0.93, 0.93) for o in owner])[None]
+    ax = _axes(ax, figsize=(max(4, min(13, span * 0.45)), 1.3))
+    ax.imshow(image, interpolation="nearest", aspect="auto")
+    for a, text in enumerate(label):
+        ax.text(a, 0, text, ha="center", va="center", fontsize=7, rotation=90 if span > 30 else 0,
+                color="white" if text else "#999999")
+    ax.set_yticks([])
+    ax.set_xticks(range(0, span, max(1, span // 16)))
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel("address offset from x.data_ptr(), in elements  (label: r,c)")
+    ax.set_title(title or f"shape {tuple(x.shape)}, strides {tuple(x.stride())}: "
+                          f"x[r, c] at offset r*{s0} + c*{s1}", fontsize=9)
+    return ax
+
+
+def plot_padding_waste(head_dims, waste, *, highlight=(), ax=None, title: str = ""):
+    """Bar chart of the fraction of matrix work spent on padding, one bar per head dim.
+
+    ``waste[i]`` belongs to ``head_dims[i]`` (for example ``padding_waste(d)`` of stage 3).
+    Head dims in ``highlight`` are drawn in a second colour and labelled with their value.
+    """
+    head_dims = [int(d) for d in head_dims]
+    waste = [float(w) for w in waste]
+    ax = _axes(ax, figsize=(10, 3.2))
+    marked = set(int(d) for d in highlight)
+    colors = ["#e63946" if d in marked else "#8da9c4" for d in head_dims]
+    ax.bar(head_dims, waste, width=1.0, color=colors, edgecolor="none")
+    for d, w in zip(head_dims, waste):
+        if d in marked:
+            ax.annotate(f"D={d}: {w:.1%}", (d, w), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", rotation=90, fontsize=8, color="#e63946")
+    for p in (16, 32, 64, 128, 256):
+        if head_dims and min(head_dims) <= p <= max(head_dims):
+            ax.axvline(p, color="#5b8e7d", lw=0.8, ls=":")
+    ax.set_xlabel("head dim D (dotted: powers of two, no waste)")
+    ax.set_ylabel("fraction of work on padding")
+    ax.set_ylim(0, max(waste + [0.0]) * 1.35 + 0.02)
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:.0%}"))
+    ax.set_title(title or "padding a head dim up to the next power of two")
+    return ax
+
+
+def plot_visits(visits, mask, nq: int, nk: int, block_m: int, block_n: int, *, ax=None, title: str = ""):
+    """Which tiles a kernel actually processed (``visits``: counts per (query block, key block)),
+    coloured by what the mask says is in them.
+
+    Processed tiles are green when every pair in them is visible, orange when the mask cuts
+    them, red when they hold no visible pair (wasted work); tiles left alone are light grey,
+    or black when they hold visible pairs (a bug: those gradients are missing).  A number
+    over 1 in a tile means it was processed that many times.
+    """
+    visits = np.asarray(visits.detach().cpu() if isinstance(visits, torch.Tensor) else visits)
+    states = tile_states(mask, nq, nk, block_m, block_n)
+    rows, cols = states.shape
+    kinds = np.where(visits > 0, np.where(states == FULL, 2, np.where(states == PARTIAL, 1, 3)),
+                     np.where(states == SKIPPED, 0, 4))
+    colors = ["#f0f0f0", "#f4a259", "#5b8e7d", "#e63946", "#222222"]
+    labels = ["skipped", "processed, masked", "processed, whole", "processed, nothing visible (waste)",
+              "skipped, but holds visible pairs (bug)"]
+    ax = _axes(ax, figsize=(max(3, min(9, cols * block_n / 40 + 1)), max(3, min(9, rows * block_m / 40 + 1))))
+    ax.imshow(kinds, cmap=ListedColormap(colors), vmin=0, vmax=4, interpolation="nearest",
+              extent=(0, cols * block_n, rows * block_m, 0), aspect="equal")
+    for c in range(cols + 1):
+        ax.axvline(c * block_n, color="white", lw=1.5)
+    for r in range(rows + 1):
+        ax.axhline(r * block_m, color="white", lw=1.5)
+    for (r, c), n in np.ndenumerate(visits):
+        if n > 1:
+            ax.text((c + 0.5) * block_n, (r + 0.5) * block_m, str(int(n)), ha="center", va="center",
+                    fontsize=8, color="white")
+    ax.set_xticks([(c + 0.5) * block_n for c in range(cols)], [str(c) for c in range(cols)])
+    ax.set_yticks([(r + 0.5) * block_m for r in range(rows)], [str(r) for r in range(rows)])
+    ax.set_xlabel(f"key block (block_n = {block_n})")
+    ax.set_ylabel(f"query block (block_m = {block_m})")
+    present = [i for i in range(5) if (kinds == i).any() or i in (0, 1, 2)]
+    ax.legend(handles=[Patch(color=colors[i], label=f"{labels[i]}: {int((kinds == i).sum())}") for i in present],
+              loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, frameon=False)
+    ax.set_title(title or f"{int((visits > 0).sum())} of {visits.size} tiles of {block_m}x{block_n} processed")
+    return ax
+
+
+def plot_head_groups(hq: int, hkv: int, *, ax=None, title: str = "", kv_head=None):
+    """Which key/value head each query head reads: query heads on top, K/V heads below.
+
+    ``kv_head(h)`` gives the K/V head of query head ``h``; the default is the workbook's
+    ``h // (hq // hkv)``.  Each K/V head sits under the group of query heads that the default
+    assigns to it, so another mapping (``h % hkv``, a common bug) shows as crossing lines.
+    """
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"hq must be a multiple of hkv, got hq={hq}, hkv={hkv}")
+    group = hq // hkv
+    kv_head = kv_head or (lambda h: h // group)
+    palette = plt.get_cmap("tab10")
+    ax = _axes(ax, figsize=(max(4, hq * 0.55), 2.4))
+    kv_x = [(j + 0.5) * group - 0.5 for j in range(hkv)]
+    for h in range(hq):
+        j = int(kv_head(h))
+        ax.plot([h, kv_x[j]], [1, 0], color=palette(j % 10), lw=1.5, alpha=0.8, zorder=1)
+        ax.add_patch(plt.Rectangle((h - 0.35, 0.9), 0.7, 0.2, color=palette(j % 10), zorder=2))
+        ax.text(h, 1.0, f"q{h}", ha="center", va="center", fontsize=8, color="white", zorder=3)
+    for j, x in enumerate(kv_x):
+        width = max(0.7, min(group - 0.3, 2.5))
+        ax.add_patch(plt.Rectangle((x - width / 2, -0.12), width, 0.24, color=palette(j % 10), zorder=2))
+        ax.text(x, 0.0, f"kv{j}", ha="center", va="center", fontsize=8, color="white", zorder=3)
+    ax.set_xlim(-0.8, hq - 0.2)
+    ax.set_ylim(-0.35, 1.3)
+    ax.set_yticks([0, 1], ["K/V heads", "query heads"])
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(title or f"Hq = {hq}, Hkv = {hkv}: groups of {group}", fontsize=10)
+    return ax
