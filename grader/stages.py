@@ -41,6 +41,8 @@ STAGES: list[Stage] = [
           "01_online_softmax.ipynb", "CPU or GPU"),
     Stage(2, "stage2_first_triton", "a first Triton kernel: program ids, pointers, masks, block loops",
           "02_first_triton.ipynb", "CPU or GPU"),
+    Stage(3, "stage3_flash_forward", "FlashAttention forward in Triton; padding odd head dims",
+          "03_flash_forward.ipynb", "CPU or GPU"),
 ]
 
 

@@ -78,7 +78,7 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
 
     ``compute_dtype`` exists for the tolerance rule: the same computation in the input's
     dtype measures how much error plain PyTorch makes at that precision.  ``"tf32"`` computes
-    in float32 with every matmul operand rounded to TF32, as a GPU's float32 ``tl.dot`` does.
+    in float32 with every matmul operand cut to TF32, as a GPU's float32 ``tl.dot`` does.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
@@ -86,7 +86,7 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
     group = Hq // Hkv
     tf32 = compute_dtype == "tf32"
     compute_dtype = torch.float32 if tf32 else compute_dtype
-    operand = tolerance.round_tf32 if tf32 else (lambda t: t)
+    operand = tolerance.truncate_tf32 if tf32 else (lambda t: t)
     qc, kc, vc = (operand(t.to(compute_dtype)) for t in (q, k, v))
     kc = kc.repeat_interleave(group, dim=1)                       # (B, Hq, Nk, D)
     vc = vc.repeat_interleave(group, dim=1)

@@ -5,8 +5,9 @@ FlashAttention's rule: a kernel's error against the float64 reference may be at 
 the same computation in the input's dtype, plus a small floor.  A kernel is then held to
 "as accurate as PyTorch", whatever the dtype.
 
-On a GPU, Triton's float32 ``tl.dot`` uses TF32 (10-bit mantissa).  ``round_tf32`` lets the
-PyTorch baseline make the same rounding so float32 kernels are judged fairly.
+On a GPU, Triton's float32 ``tl.dot`` uses TF32 (10-bit mantissa): the tensor cores read the
+float32 operands and ignore their low 13 mantissa bits.  ``truncate_tf32`` lets the PyTorch
+baseline make the same cut, so float32 kernels are judged fairly.
 """
 
 from __future__ import annotations
@@ -24,12 +25,9 @@ class Report:
     allowed: float = 0.0
 
 
-def round_tf32(x: torch.Tensor) -> torch.Tensor:
-    """Round a float32 tensor to TF32 (keep 10 mantissa bits, round to nearest even)."""
-    bits = x.float().contiguous().view(torch.int32)
-    lsb = (bits >> 13) & 1
-    bits = (bits + 0x0FFF + lsb) & ~0x1FFF
-    return bits.view(torch.float32)
+def truncate_tf32(x: torch.Tensor) -> torch.Tensor:
+    """Cut a float32 tensor to TF32 as tensor cores do: keep 10 mantissa bits, drop the rest."""
+    return (x.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
 def baseline_dtype(dtype: torch.dtype):

@@ -42,8 +42,12 @@ def padding_waste(head_dim: int) -> float:
     """
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    # TODO(3d): the kernel computes head_dim as triton.next_power_of_2(head_dim) columns; return
+    # the fraction of those columns that are padding (0.0 when head_dim is a power of two).
+    # BEGIN SOLUTION
     padded = triton.next_power_of_2(head_dim)
     return (padded - head_dim) / padded
+    # END SOLUTION
 
 
 @triton.jit
@@ -101,8 +105,10 @@ def _flash_forward_kernel(
         m_i = m_new
         # END SOLUTION
 
-    # TODO(3c): normalise acc by l_i and store it (only real rows and real head-dim columns),
-    # and store lse = (m_i + log2(l_i)) * ln(2) for the real rows: natural log, like the reference.
+    # TODO(3c): normalise acc by l_i and store it in O's dtype (only real rows and real head-dim
+    # columns), and store lse = (m_i + log2(l_i)) * ln(2) for the real rows: natural log, like the
+    # reference.  Write ln(2) as the number 0.6931471805599453: compiled for a GPU, a kernel may
+    # only read module-level globals that are tl.constexpr, so LN2 works in the interpreter only.
     # BEGIN SOLUTION stub=pass
     o = acc / l_i[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od

@@ -113,10 +113,10 @@ def test_masks_compose_as_the_docstring_draws():
     assert [''.join('#' if x else '.' for x in row) for row in m.tolist()] == drawn
 
 
-def test_tf32_rounding_keeps_ten_mantissa_bits():
-    x = torch.tensor([1.0 + 2**-10, 1.0 + 2**-11 + 2**-12, 1.0 + 2**-12, 3.0])
-    y = tolerance.round_tf32(x)
-    assert y.tolist() == [1.0 + 2**-10, 1.0 + 2**-10, 1.0, 3.0]
+def test_tf32_keeps_ten_mantissa_bits():
+    x = torch.tensor([1.0 + 2**-10, 1.0 + 2**-11 + 2**-12, -1.0 - 2**-10 - 2**-11, 3.0])
+    y = tolerance.truncate_tf32(x)
+    assert y.tolist() == [1.0 + 2**-10, 1.0, -1.0 - 2**-10, 3.0]
 
 
 def test_tolerance_reports_nan_position_and_tile():
