@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from kernels import tolerance
-from grader.worker import LearnerError
+from grader.worker import LearnerError, WorkerDied
 
 
 class CheckFailed(AssertionError):
     """A check's verdict: the learner's code is wrong, and the message says how."""
+
+
+class CheckSkipped(Exception):
+    """The check cannot run on this machine (a tool it needs is missing): reported "not run", with the reason."""
 
 
 @dataclass
@@ -38,16 +43,29 @@ class Check:
     timeout: float = 180.0     # seconds for one learner call, compile included
     hint: str = ""             # the usual cause, shown when the check fails
     doc: str = ""
+    hidden: bool = False       # counts in the grade; never released, never named to the learner
 
 
 _REGISTRY: dict[str, list[Check]] = {}
 
 
-def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = ""):
-    """Register a check in the list of its module (one module of checks per stage)."""
+HIDDEN_PACKAGE = "grader.checks.hidden"
+
+
+def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = "", hidden: bool = False):
+    """Register a check in the list of its module (one module of checks per stage).
+
+    Hidden checks (``hidden=True``) live in ``grader/checks/hidden/stageN.py``, a folder that
+    ``python -m grader release --to`` never copies; the two must agree, so a hidden check can
+    never sit in a file that ships, nor a visible one in a file that does not.
+    """
     def register(fn):
+        in_hidden_file = fn.__module__.startswith(HIDDEN_PACKAGE + ".")
+        if hidden != in_hidden_file:
+            raise ValueError(f"check {fn.__name__} in {fn.__module__}: hidden checks, and only they, belong in "
+                             f"grader/checks/hidden/stageN.py (with @check(hidden=True))")
         doc = (fn.__doc__ or "").strip().splitlines()
-        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__)
+        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden)
         _REGISTRY.setdefault(fn.__module__, []).append(c)
         return fn
     return register
@@ -64,13 +82,22 @@ def session_seed() -> int:
 
 
 class _Learner:
-    def __init__(self, runner, timeout):
-        self._runner, self._timeout = runner, timeout
+    def __init__(self, runner, timeout, deadline=None):
+        self._runner, self._timeout, self._deadline = runner, timeout, deadline
 
     def __getattr__(self, fn_name):
         if fn_name.startswith("_"):
             raise AttributeError(fn_name)
-        return lambda *args, **kwargs: self._runner.call(fn_name, *args, timeout=self._timeout, **kwargs)
+
+        def call(*args, **kwargs):
+            timeout = self._timeout
+            if self._deadline is not None:
+                timeout = min(timeout, self._deadline - time.monotonic())
+                if timeout <= 0:
+                    raise WorkerDied("out of time before this call (the check's or the stage's time limit)",
+                                     timed_out=True)
+            return self._runner.call(fn_name, *args, timeout=timeout, **kwargs)
+        return call
 
 
 @dataclass
@@ -78,12 +105,13 @@ class Ctx:
     """Everything a check needs: a learner proxy, fresh random inputs, and judgements."""
     runner: object
     seed: int
-    timeout: float = 180.0
+    timeout: float = 180.0           # for each learner call
+    deadline: float | None = None    # time.monotonic() by which the whole check must be done
     generator: torch.Generator = field(init=False)
 
     def __post_init__(self):
         self.generator = torch.Generator().manual_seed(self.seed)
-        self.learner = _Learner(self.runner, self.timeout)
+        self.learner = _Learner(self.runner, self.timeout, self.deadline)
 
     # -- inputs ---------------------------------------------------------------------------
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -96,6 +124,10 @@ class Ctx:
     # -- judgements -----------------------------------------------------------------------
     def fail(self, message: str):
         raise CheckFailed(message)
+
+    def skip(self, reason: str):
+        """Stop here and report the check "not run" with ``reason`` (e.g. "nvcc not found")."""
+        raise CheckSkipped(reason)
 
     def expect(self, condition: bool, message: str) -> None:
         if not condition:

@@ -5,14 +5,17 @@ Statuses, as the table shows them:
     pass       the check ran and the code is right
     FAIL       the code gave a wrong answer (the message says where and usually why)
     todo       the code raised NotImplementedError: that part is not written yet
-    crash      the worker died (segfault, abort, CUDA error) or the stage file failed to import
-    timeout    a call ran past the check's time limit
-    not run    the check needs a CUDA GPU and there is none here
+    crash      the worker died (segfault, abort, CUDA error, over its memory or output limit)
+               or the stage file failed to import
+    timeout    a call ran past the check's time limit, or the stage's time ran out before the check
+    not run    the check needs a CUDA GPU and there is none here, or a tool it needs (nvcc) is missing
+
+Hidden checks (grader/checks/hidden/) count in the score like any other; what a learner sees of
+them is one line, "k hidden checks: x/y points", with neither names nor messages.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -22,9 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grader import release
-from grader.check import CheckFailed, Ctx, session_seed
+from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
+from grader.limits import Limits
 from grader.stages import Stage
-from grader.worker import ImportFailed, LearnerError, Runner, WorkerDied
+from grader.worker import ImportFailed, LearnerError, Misbehaved, Runner, WorkerDied
 from kernels import loader, runtime
 
 PASSING = ("pass",)
@@ -38,6 +42,7 @@ class CheckResult:
     status: str
     message: str = ""
     seconds: float = 0.0
+    hidden: bool = False
 
 
 @dataclass
@@ -68,6 +73,20 @@ class StageResult:
         d.update(score=self.score, max_score=self.max_score)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "StageResult":
+        fields = {k: d[k] for k in ("stage", "source", "status", "seed", "device", "seconds") if k in d}
+        return cls(**fields, results=[CheckResult(**r) for r in d.get("results", [])])
+
+
+def submission_folder(path: str | Path, stage: Stage) -> Path:
+    """Where a submission keeps ``stage``'s files: the folder itself, or its ``stages/`` (a whole repository)."""
+    path = Path(path)
+    for folder in (path, path / "stages"):
+        if (folder / f"{stage.module}.py").exists():
+            return folder
+    return path
+
 
 def _snapshot(stage: Stage, source: str) -> Path:
     """Copy the stage's files to a private folder, so grading never touches (or is touched by) them."""
@@ -79,17 +98,32 @@ def _snapshot(stage: Stage, source: str) -> Path:
     return tmp
 
 
-def run_check(check, runner: Runner, seed: int) -> CheckResult:
-    """One check, one verdict: exceptions from the learner's side become statuses, never escape."""
+def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None,
+              limits: Limits | None = None) -> CheckResult:
+    """One check, one verdict: exceptions from the learner's side become statuses, never escape.
+
+    ``deadline`` (a time.monotonic() value) is the stage's; ``limits.check_timeout``, when set,
+    replaces the check's own per-call ``timeout`` and bounds the whole check.
+    """
     if check.gpu and not runtime.ON_GPU:
-        return CheckResult(check.name, check.points, 0, "not run", "needs a CUDA GPU; none is visible here")
+        return CheckResult(check.name, check.points, 0, "not run", "needs a CUDA GPU; none is visible here",
+                           hidden=check.hidden)
     start = time.monotonic()
-    ctx = Ctx(runner, seed, timeout=float(os.environ.get("WORKBOOK_CHECK_TIMEOUT", check.timeout)))
-    status, message = "pass", ""
+    limits = limits or Limits.from_env()
+    timeout = check.timeout
+    if limits.check_timeout is not None:
+        timeout = limits.check_timeout
+        deadline = min(deadline or float("inf"), start + limits.check_timeout)
+    ctx = Ctx(runner, seed, timeout=timeout, deadline=deadline)
+    status, message, hint = "pass", "", check.hint
     try:
         check.fn(ctx)
     except CheckFailed as exc:
         status, message = "FAIL", str(exc)
+    except CheckSkipped as exc:
+        status, message = "not run", str(exc)
+    except Misbehaved as exc:
+        status, message, hint = "FAIL", exc.message, ""  # the hint is about numbers; this says it all
     except ImportFailed:
         raise                      # the stage file itself is broken: grade_stage reports it once
     except LearnerError as exc:
@@ -97,28 +131,43 @@ def run_check(check, runner: Runner, seed: int) -> CheckResult:
             status, message = "todo", exc.message
         else:
             status = "FAIL"
-            where = _last_frame(exc.tb)
+            where = _last_frame(exc.tb, runner.stage)
             message = f"raised {exc.type_name}: {exc.message}" + (f" ({where})" if where else "")
     except WorkerDied as exc:
         status, message = ("timeout" if exc.timed_out else "crash"), exc.reason
-        tail = runner.output_tail(400).strip()
+        tail = _crash_context(runner.output_tail(4000), runner.stage)
         if tail:
-            message += f"; last output: {tail[-400:]}"
-    if status not in PASSING and check.hint:
-        message += f"\n  hint: {check.hint}"
+            message += f"; last output: {tail}"
+    if status not in PASSING + ("not run",) and hint:
+        message += f"\n  hint: {hint}"
     earned = check.points if status in PASSING else 0
-    return CheckResult(check.name, check.points, earned, status, message, time.monotonic() - start)
+    return CheckResult(check.name, check.points, earned, status, message, time.monotonic() - start,
+                       hidden=check.hidden)
 
 
-def _last_frame(tb: str) -> str:
+def _last_frame(tb: str, module: str | None = None) -> str:
+    """The innermost frame of a traceback; with ``module``, the innermost one in the stage file."""
     lines = [ln.strip() for ln in tb.splitlines() if ln.strip().startswith("File ")]
-    return lines[-1] if lines else ""
+    mine = [ln for ln in lines if module and f"{module}.py" in ln]
+    return (mine or lines or [""])[-1]
+
+
+def _crash_context(output: str, module: str) -> str:
+    """The end of what the worker printed; after a crash, faulthandler's error and the stage-code line."""
+    start = output.rfind("Fatal Python error")
+    if start < 0:
+        return output.strip()[-200:]
+    report = output[start:].splitlines()
+    frames = [ln.strip() for ln in report if ln.strip().startswith("File ") and f"{module}.py" in ln]
+    return report[0].strip() + (f"; in {frames[0]}" if frames else "")
 
 
 def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None = None,
-                on_result=None) -> StageResult:
-    """Grade ``stage`` from ``source`` ('stages', 'solutions' or a folder)."""
+                on_result=None, limits: Limits | None = None) -> StageResult:
+    """Grade ``stage`` from ``source`` ('stages', 'solutions' or a folder), within ``limits``."""
     started = time.monotonic()
+    limits = limits or Limits.from_env()
+    deadline = started + limits.stage_timeout
     seed = session_seed()
     checks = [c for c in stage.checks() if only is None or c.name in only]
     folder = loader.source_dir(source)
@@ -126,25 +175,36 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
     result = StageResult(stage.name, str(source), "graded", seed=seed, device=runtime.describe())
     if not path.exists():
         result.status = "not started"
-        result.results = [CheckResult(c.name, c.points, 0, "todo", f"{path} does not exist") for c in checks]
+        result.results = [CheckResult(c.name, c.points, 0, "todo", f"{path} does not exist", hidden=c.hidden)
+                          for c in checks]
         return result
     if str(source) != "solutions" and release.is_untouched(path):
         result.status = "not started"
-        result.results = [CheckResult(c.name, c.points, 0, "todo", "not started") for c in checks]
+        result.results = [CheckResult(c.name, c.points, 0, "todo", "not started", hidden=c.hidden) for c in checks]
         return result
 
     snapshot = _snapshot(stage, source)
+    # Learner code reads its files from the snapshot; the folder they came from is none of its business.
+    private = [] if folder in (loader.ROOT / "stages", loader.ROOT / "solutions") else [folder]
     try:
-        with Runner(stage.module, str(snapshot)) as runner:
+        with Runner(stage.module, str(snapshot), limits=limits, private=private) as runner:
             for check in checks:
+                if time.monotonic() >= deadline:
+                    result.results.append(CheckResult(
+                        check.name, check.points, 0, "timeout", "not run: the checks before it used up the "
+                        f"stage's time limit ({limits.stage_timeout:.0f} s)", hidden=check.hidden))
+                    continue
                 try:
-                    r = run_check(check, runner, seed)
+                    r = run_check(check, runner, seed, deadline=deadline, limits=limits)
                 except ImportFailed as exc:
                     result.status = "import error"
                     msg = f"{path.name} could not be imported: {exc.type_name}: {exc.message}"
-                    where = _last_frame(exc.tb)
+                    where = _last_frame(exc.tb, stage.module)
                     msg += f" ({where})" if where else ""
-                    result.results = [CheckResult(c.name, c.points, 0, "crash", msg) for c in checks]
+                    tail = _crash_context(runner.output_tail(4000), stage.module) if exc.type_name == "crash" else ""
+                    msg += f"; last output: {tail}" if tail else ""
+                    status = "timeout" if exc.timed_out else "crash"
+                    result.results = [CheckResult(c.name, c.points, 0, status, msg, hidden=c.hidden) for c in checks]
                     break
                 result.results.append(r)
                 if on_result:
@@ -162,15 +222,28 @@ _MARK = {"pass": "pass", "FAIL": "FAIL", "todo": "todo", "crash": "crash", "time
          "not run": "not run"}
 
 
+def hidden_summary(results: list[CheckResult]) -> str:
+    """All a learner learns of hidden checks: how many, and the points they earned."""
+    hidden = [r for r in results if r.hidden]
+    if not hidden:
+        return ""
+    n = len(hidden)
+    return (f"{n} hidden check{'s' if n != 1 else ''}: {sum(r.earned for r in hidden)}/"
+            f"{sum(r.points for r in hidden)} points")
+
+
 def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str:
     lines = [f"{stage.name}: {stage.title}  [{result.source}]"]
     if result.status == "not started":
-        lines.append(f"  not started: stages/{stage.module}.py is as released. Open notebooks/{stage.notebook}, "
+        missing = any("does not exist" in r.message for r in result.results)
+        lines.append(f"  not started: {result.source}/{stage.module}.py "
+                     f"{'does not exist' if missing else 'is as released'}. Open notebooks/{stage.notebook}, "
                      f"fill in its TODOs, then run: python -m grader {stage.name}")
         return "\n".join(lines)
-    name_w = max([len(r.name) for r in result.results] + [5])
+    shown = [r for r in result.results if not r.hidden]
+    name_w = max([len(r.name) for r in shown] + [5])
     lines.append(f"  {'check':<{name_w}}  points  status   message")
-    for r in result.results:
+    for r in shown:
         pts = f"{r.earned}/{r.points}"
         first, *rest = (r.message or "").split("\n") or [""]
         body = textwrap.wrap(first, width=max(30, width - name_w - 22)) or [""]
@@ -178,10 +251,12 @@ def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str
         pad = " " * (name_w + 20)
         lines += [f"  {pad}{b}" for b in body[1:]]
         lines += [f"  {pad}{x.strip()}" for x in rest]
+    if hidden_summary(result.results):
+        lines.append(f"  {hidden_summary(result.results)}")
     not_run = sum(r.status == "not run" for r in result.results)
     summary = f"  score {result.score}/{result.max_score}"
     if not_run:
-        summary += f"; {not_run} GPU-only check(s) not run here (they need a CUDA GPU)"
+        summary += f"; {not_run} check(s) not run here (they need a CUDA GPU, or a tool their message names)"
     summary += f"; {result.seconds:.1f} s; inputs seed {result.seed} (WORKBOOK_SEED={result.seed} repeats them)"
     lines.append(summary)
     return "\n".join(lines)

@@ -78,7 +78,16 @@ def rendered(solutions: Path | None = None) -> dict[str, str]:
 
 
 def is_untouched(path: Path, solutions: Path | None = None) -> bool:
-    """True when a learner file is exactly what release generates (the learner has not started)."""
+    """True when a learner file is exactly what release generates (the learner has not started).
+
+    Without ``solutions/`` (a learner's bundle, an autograder), what release wrote is known from
+    ``stages/.release.json``.
+    """
+    solutions = solutions or ROOT / "solutions"
+    if not solutions.is_dir():
+        manifest = ROOT / "stages" / MANIFEST
+        recorded = json.loads(manifest.read_text()).get(path.name) if manifest.exists() else None
+        return recorded is not None and path.exists() and _sha(path.read_text()) == recorded
     expected = rendered(solutions).get(path.name)
     return expected is not None and path.exists() and path.read_text() == expected
 

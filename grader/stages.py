@@ -25,8 +25,12 @@ class Stage:
         return f"grader.checks.{self.name}"
 
     def checks(self):
-        from grader.check import checks_of
-        return checks_of(importlib.import_module(self.checks_module))
+        """The stage's checks: grader/checks/stageN.py, then any hidden ones in grader/checks/hidden/."""
+        from grader.check import HIDDEN_PACKAGE, checks_of
+        found = checks_of(importlib.import_module(self.checks_module))
+        if (ROOT / "grader" / "checks" / "hidden" / f"{self.name}.py").exists():
+            found += checks_of(importlib.import_module(f"{HIDDEN_PACKAGE}.{self.name}"))
+        return found
 
     def files(self) -> list[str]:
         """The stage's files in stages/ (a .py, and a .cu beside it where the stage has one)."""

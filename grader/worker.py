@@ -3,16 +3,31 @@
 The grader's process builds inputs, computes the reference and compares; learner code only
 ever runs here, in a worker started with ``spawn``.  The two speak over a pipe:
 
-    grader -> worker   ("call", function name, args, kwargs)      (pickle: the grader's data)
-    worker -> grader   torch.save bytes of ("ok", result) or ("error", type, message, traceback)
+    grader -> worker   pickle of ("call", function name, args, kwargs)   (the grader's own data)
+    worker -> grader   torch.save bytes of ("ok", result), ("misbehaved", message) or
+                       ("error", type, message, traceback)
 
-Results come back through ``torch.load(weights_only=True)``, which only rebuilds tensors and
-plain containers, so a hostile worker cannot run code in the grader.  Outputs the learner's
-wrapper allocates with ``torch.empty`` and friends are poisoned with NaN first, so an element
-the kernel never writes shows up as NaN instead of as whatever was in memory.
+Arguments travel as plain pickles, never as shared memory, so nothing the worker does to its
+inputs can reach the grader's tensors.  Results come back through ``torch.load(weights_only=True)``,
+which only rebuilds tensors and plain containers, so a hostile worker cannot run code in the
+grader, and a result too large or of a type the grader does not accept fails the check.
 
-A worker that crashes, hangs past its time limit or hits a CUDA error is killed and a fresh
-one is started for the next call.
+The worker's limits (grader/limits.py) are enforced from here:
+
+* time: each call has a deadline; past it the worker is killed and the check fails "timeout".
+* memory: the grader polls the worker's resident memory (RssAnon in /proc) ten times a second
+  and stops it above the limit.  Polling, not RLIMIT_AS, because CUDA reserves a virtual address
+  space far larger than any limit worth setting, and RLIMIT_AS would break it.  On the CPU the
+  worker also sets RLIMIT_DATA a little above the limit, so an absurd allocation fails at once
+  with an error; on a GPU it does not, as the CUDA driver's own mappings count against it.
+* output: learner prints go to a pipe that a thread here drains into a log (``output_tail``);
+  past the cap the worker is stopped, so ``while True: print(...)`` costs neither disk nor time.
+
+The worker runs in a process group of its own and dies with the grader (PR_SET_PDEATHSIG), so a
+killed worker takes the processes it started with it.  Inside, grader/guard.py keeps learner
+code away from the answers and turns writes to inputs or past outputs into failed checks.
+A worker that crashes, hangs, misbehaves in these ways or hits a CUDA error is stopped, and a
+fresh one is started for the next call.
 """
 
 from __future__ import annotations
@@ -20,13 +35,21 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import os
+import pickle
+import signal
 import sys
+import threading
 import time
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 
+from grader import guard
+from grader.guard import poisoned_allocations
+from grader.limits import Limits
+
 _OUTPUT_CAP = 64 * 1024  # bytes of the learner's printed output kept for messages
+_BOOT_TIMEOUT = 120.0    # starting the worker: torch and the workbook's own modules, no learner code yet
+_POLL = 0.1              # seconds between checks of the worker's health and memory
 
 
 class LearnerError(Exception):
@@ -37,8 +60,15 @@ class LearnerError(Exception):
         self.type_name, self.message, self.tb = type_name, message, tb
 
 
+class Misbehaved(LearnerError):
+    """The call returned, but wrote to its inputs or past its outputs, or returned what the grader refuses."""
+
+    def __init__(self, message: str):
+        super().__init__("Misbehaved", message)
+
+
 class WorkerDied(Exception):
-    """The worker crashed (segfault, abort, exit) or was killed after its time limit."""
+    """The worker crashed (segfault, abort, exit) or was stopped (time, memory or output limit)."""
 
     def __init__(self, reason: str, timed_out: bool = False):
         super().__init__(reason)
@@ -46,13 +76,22 @@ class WorkerDied(Exception):
 
 
 class ImportFailed(LearnerError):
-    """The stage file could not be imported (syntax error, failing import, ...)."""
+    """The stage file could not be imported (syntax error, failing import, a crash or hang at import, ...)."""
+
+    def __init__(self, type_name: str, message: str, tb: str = "", *, timed_out: bool = False):
+        super().__init__(type_name, message, tb)
+        self.timed_out = timed_out
 
 
 def _to_device(obj, device):
     import torch
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        if obj.device == torch.device(device) or obj.is_contiguous():
+            return obj.to(device)
+        # A strided view (a slice, a transpose): move its whole storage and rebuild the view,
+        # so the kernel sees the same strides and the same neighbouring memory as on the CPU.
+        storage = torch.empty(0, dtype=obj.dtype).set_(obj.untyped_storage())
+        return torch.as_strided(storage.to(device), obj.shape, obj.stride(), obj.storage_offset())
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_device(x, device) for x in obj)
     if isinstance(obj, dict):
@@ -61,42 +100,17 @@ def _to_device(obj, device):
 
 
 def _to_cpu(obj):
+    import dataclasses
     import torch
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu").clone()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):   # e.g. a plan: its fields, as a dict
+        return {f.name: _to_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(x) for x in obj)
     if isinstance(obj, dict):
         return {k: _to_cpu(v) for k, v in obj.items()}
     return obj
-
-
-@contextmanager
-def poisoned_allocations():
-    """Make torch.empty, empty_like, empty_strided and Tensor.new_empty return NaN-filled floats."""
-    import torch
-    originals = {name: getattr(torch, name) for name in ("empty", "empty_like", "empty_strided")}
-    new_empty = torch.Tensor.new_empty
-
-    def poison(t):
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        elif t.dtype != torch.bool and t.numel():
-            t.fill_(-7777)
-        return t
-
-    def wrap(fn):
-        return lambda *a, **kw: poison(fn(*a, **kw))
-
-    try:
-        for name, fn in originals.items():
-            setattr(torch, name, wrap(fn))
-        torch.Tensor.new_empty = lambda self, *a, **kw: poison(new_empty(self, *a, **kw))
-        yield
-    finally:
-        for name, fn in originals.items():
-            setattr(torch, name, fn)
-        torch.Tensor.new_empty = new_empty
 
 
 def _pack(obj) -> bytes:
@@ -106,59 +120,102 @@ def _pack(obj) -> bytes:
     return buf.getvalue()
 
 
-def _worker_main(conn, stage: str, source: str, log_path: str) -> None:
-    # Learner prints go to a log file, never into the protocol or the grader's table.
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to kill this process when the grader goes away, however it goes."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _worker_main(conn, log, stage: str, source: str, limits: Limits, parent_pid: int,
+                 private: tuple = (), protected: tuple = ()) -> None:
+    try:
+        os.setpgid(0, 0)  # a group of its own: stopping the worker stops what it started
+    except OSError:
+        pass
+    _die_with_parent(parent_pid)
+    # Learner prints go to the grader's capped log, never into the protocol or the grader's table.
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    log.close()
+    import faulthandler
+    import resource
+    faulthandler.enable()  # a segfault prints the Python line it happened on
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
     try:
         from kernels import loader, runtime
         import torch
+        if not runtime.ON_GPU:
+            cap = (limits.memory_mb + 2048) * 2**20
+            resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+        guard.install(root, readable=[loader.source_dir(source)], private=private, protected=protected)
+        conn.send_bytes(_pack(("booted",)))
         module = loader.load_stage(stage, source)
         conn.send_bytes(_pack(("ready", runtime.describe())))
     except BaseException as exc:  # noqa: BLE001 - any import failure is reported, not raised
-        conn.send_bytes(_pack(("import-error", type(exc).__name__, str(exc), traceback.format_exc(limit=-6))))
+        conn.send_bytes(_pack(("import-error", type(exc).__name__, str(exc)[:4000], traceback.format_exc(limit=-12))))
         return
     while True:
         try:
-            request = conn.recv()
+            _, fn_name, args, kwargs = pickle.loads(conn.recv_bytes())
         except EOFError:
             return
-        _, fn_name, args, kwargs = request
         fatal = False
         try:
             fn = getattr(module, fn_name, None)
             if fn is None:
                 raise AttributeError(f"the stage file has no function {fn_name!r}")
             args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
-            with poisoned_allocations():
+            inputs = guard.snapshot_inputs(fn, args, kwargs)
+            outputs: list = []
+            with poisoned_allocations(outputs):
                 result = fn(*args, **kwargs)
             if runtime.ON_GPU:
                 torch.cuda.synchronize()
-            reply = ("ok", _to_cpu(result))
+            problem = guard.check_canaries(outputs) or guard.changed_inputs(fn_name, inputs)
+            reply = ("misbehaved", problem) if problem else ("ok", _to_cpu(result))
         except BaseException as exc:  # noqa: BLE001
             text = str(exc)
             fatal = "CUDA error" in text or "illegal memory access" in text or isinstance(exc, (SystemExit, KeyboardInterrupt))
             reply = ("error", type(exc).__name__, text[:4000], traceback.format_exc(limit=-4)[-4000:])
+        for stream in (sys.stdout, sys.stderr):  # so the log holds this call's prints before its verdict
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - learner code may have replaced or closed them
+                pass
         try:
             payload = _pack(reply)
         except Exception as exc:  # noqa: BLE001 - e.g. a result torch.save cannot store
             payload = _pack(("error", "TypeError", f"could not send the result back: {exc}", ""))
         conn.send_bytes(payload)
         if fatal:
-            sys.stdout.flush()
             os._exit(3)
 
 
 class Runner:
-    """Calls functions of one stage module in a worker process, restarting it when needed."""
+    """Calls functions of one stage module in a worker process, restarting it when needed.
 
-    def __init__(self, stage: str, source: str, *, log_dir: str | os.PathLike | None = None):
+    ``private`` folders are ones learner code may not read (in a batch: the other submissions);
+    ``protected`` ones it may not write (the batch's output).  See grader/guard.py for the rest.
+    """
+
+    def __init__(self, stage: str, source: str, *, log_dir: str | os.PathLike | None = None,
+                 limits: Limits | None = None, private=(), protected=()):
         self.stage, self.source = stage, str(source)
+        self.limits = limits or Limits.from_env()
+        self._private, self._protected = tuple(map(str, private)), tuple(map(str, protected))
         self._ctx = mp.get_context("spawn")
         self._proc = None
         self._conn = None
+        self._drain = None
+        self._death = None          # why the grader stopped the worker, when it did
+        self._lock = threading.Lock()
         log_dir = Path(log_dir or os.environ.get("TMPDIR", "/tmp"))
         self.log_path = str(log_dir / f"workbook-{stage}-{os.getpid()}-{id(self)}.log")
         self.description = ""
@@ -166,26 +223,81 @@ class Runner:
     # -- process management -------------------------------------------------------------
     def _start(self, timeout: float) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_worker_main, args=(child, self.stage, self.source, self.log_path),
-                                       daemon=True)
+        log_r, log_w = self._ctx.Pipe(duplex=False)
+        self._death = None
+        self._proc = self._ctx.Process(
+            target=_worker_main, daemon=True,
+            args=(child, log_w, self.stage, self.source, self.limits, os.getpid(), self._private, self._protected))
         self._proc.start()
         child.close()
+        log_w.close()
         self._conn = parent
-        kind, *rest = self._receive(timeout, starting=True)
+        self._drain = threading.Thread(target=self._drain_output, args=(log_r, self._proc), daemon=True)
+        self._drain.start()
+        try:
+            kind, *rest = self._receive(_BOOT_TIMEOUT, phase="starting the worker (importing torch)")
+            if kind == "booted":
+                kind, *rest = self._receive(timeout, phase="importing the stage file")
+        except WorkerDied as exc:
+            raise ImportFailed("crash" if not exc.timed_out else "TimeoutError", exc.reason,
+                               timed_out=exc.timed_out) from None
         if kind == "import-error":
             type_name, message, tb = rest
             self.close()
             raise ImportFailed(type_name, message, tb)
         self.description = rest[0]
 
+    def _drain_output(self, log_r, proc) -> None:
+        """Copy what the worker prints into the log, up to the cap; past it, stop the worker."""
+        cap, total = self.limits.output_kb * 1024, 0
+        with open(self.log_path, "wb") as log:
+            while True:
+                try:
+                    chunk = os.read(log_r.fileno(), 1 << 16)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                if total < cap:
+                    log.write(chunk[:cap - total])
+                    log.flush()
+                total += len(chunk)
+                if total > cap:
+                    self._stop(proc, f"printed more than {self.limits.output_kb} KiB, the grader's cap on output: "
+                                     "print less (not inside a loop over blocks, not from inside a kernel)")
+        log_r.close()
+
+    def _stop(self, proc, reason: str | None = None) -> None:
+        with self._lock:
+            if reason and self._death is None and proc is self._proc:
+                self._death = reason
+            if proc.exitcode is None:  # not reaped yet, so its pid and process group are still its own
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.kill()
+
+    def _watch_memory(self) -> None:
+        limit = self.limits.memory_mb
+        try:
+            with open(f"/proc/{self._proc.pid}/status") as f:
+                rss = next((int(line.split()[1]) for line in f if line.startswith("RssAnon:")), 0) // 1024
+        except (OSError, ValueError):
+            return
+        if rss > limit:
+            self._stop(self._proc, f"used more than {limit} MiB of memory, the grader's limit: is a tensor much "
+                                   "larger than the inputs, or are tensors kept alive inside a loop?")
+
     def close(self) -> None:
         if self._proc is not None:
-            if self._proc.is_alive():
-                self._proc.kill()
+            self._stop(self._proc)
             self._proc.join(5)
         if self._conn is not None:
             self._conn.close()
-        self._proc = self._conn = None
+        if self._drain is not None:
+            self._drain.join(2)  # the log is complete once the worker's end of the pipe is closed
+        self._proc = self._conn = self._drain = None
 
     def __enter__(self):
         return self
@@ -204,31 +316,40 @@ class Runner:
         except OSError:
             return ""
 
-    def _receive(self, timeout: float, *, starting: bool = False):
+    def _receive(self, timeout: float, *, phase: str = "the call"):
         import torch
         deadline = time.monotonic() + timeout
+        largest = max(64, self.limits.memory_mb) * 2**20
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close()
-                what = "starting the stage (importing it)" if starting else "the call"
-                raise WorkerDied(f"timed out after {timeout:.0f} s during {what}: an infinite loop, "
+                raise WorkerDied(f"timed out after {timeout:.0f} s during {phase}: an infinite loop, "
                                  "a kernel that never finishes, or sizes too large", timed_out=True)
             try:
-                ready = self._conn.poll(min(left, 0.5))
+                ready = self._conn.poll(min(left, _POLL))
             except (OSError, EOFError):
                 ready = False
             if ready:
                 try:
-                    data = self._conn.recv_bytes()
-                except (EOFError, OSError):
+                    data = self._conn.recv_bytes(largest)
+                except EOFError:
                     pass
+                except OSError:
+                    self.close()
+                    raise WorkerDied(f"returned more than {largest >> 20} MiB: the result should be the "
+                                     "size of the outputs") from None
                 else:
-                    return torch.load(io.BytesIO(data), weights_only=True)
+                    try:
+                        return torch.load(io.BytesIO(data), weights_only=True)
+                    except Exception as exc:  # noqa: BLE001 - whatever the worker sent, it is refused
+                        raise Misbehaved("returned something the grader does not accept (only tensors, numbers, "
+                                         f"strings and lists, tuples or dicts of them): {str(exc)[:300]}") from None
+            self._watch_memory()
             if not self._proc.is_alive():
-                code = self._proc.exitcode
+                reason = self._death or _describe_exit(self._proc.exitcode)
                 self.close()
-                raise WorkerDied(_describe_exit(code))
+                raise WorkerDied(reason)
 
     # -- calls ----------------------------------------------------------------------------
     def call(self, fn_name: str, *args, timeout: float = 120.0, **kwargs):
@@ -236,7 +357,7 @@ class Runner:
         if self._proc is None:
             self._start(timeout)
         try:
-            self._conn.send(("call", fn_name, args, kwargs))
+            self._conn.send_bytes(pickle.dumps(("call", fn_name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, OSError):
             code = self._proc.exitcode if self._proc else None
             self.close()
@@ -244,6 +365,8 @@ class Runner:
         kind, *rest = self._receive(timeout)
         if kind == "ok":
             return rest[0]
+        if kind == "misbehaved":
+            raise Misbehaved(rest[0])
         type_name, message, tb = rest
         raise LearnerError(type_name, message, tb)
 
@@ -252,12 +375,12 @@ def _describe_exit(code) -> str:
     if code is None:
         return "the worker process stopped answering"
     if code < 0:
-        import signal
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
         hint = {"SIGSEGV": "a segmentation fault (an out-of-bounds access in compiled code)",
+                "SIGBUS": "a bus error (a misaligned or out-of-bounds access in compiled code)",
                 "SIGABRT": "an abort (os.abort, a failed C++ assertion or a device-side assert)",
                 "SIGKILL": "killed (out of memory, or the time limit)"}.get(name, name)
         return f"the worker crashed: {hint}"

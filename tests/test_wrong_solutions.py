@@ -39,6 +39,8 @@ def test_wrong_solution_is_rejected(stage, mutant, tmp_path):
     result = grade_stage(stage, str(folder), only=mutant.caught_by)
     if all(r.status == "not run" for r in result.results):
         pytest.skip("the checks that catch this mutant need a CUDA GPU")
-    verdicts = {r.name: (r.status, r.message) for r in result.results}
-    missed = [name for name, (status, _) in verdicts.items() if status in ("pass",)]
-    assert not missed, f"{mutant.name} ({mutant.why}) passed {missed}: those checks cannot tell it is wrong"
+    # caught_by names the checks that can catch the mutant; on a given machine at least one that
+    # ran must reject it (a GPU runs real-size checks, where small shapes fit inside one tile).
+    rejected = [r.name for r in result.results if r.status not in ("pass", "not run")]
+    passed = [r.name for r in result.results if r.status == "pass"]
+    assert rejected, f"{mutant.name} ({mutant.why}) passed {passed}: those checks cannot tell it is wrong"

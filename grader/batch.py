@@ -1,0 +1,270 @@
+"""``python -m grader batch SUBMISSIONS --stages stage5,stage6 --out OUT``: grade a class.
+
+Each folder in SUBMISSIONS is one learner: their stage files, or a whole copy of the workbook
+(its ``stages/`` is used).  Each (learner, stage) is graded by a fresh
+
+    python -m grader stageN --submission SUBMISSIONS/<learner> --format json
+
+in a process of its own, so nothing one learner's code does can reach another's grading; up to
+``--jobs`` of them (the machine's cores) run at once.  Every learner gets the same inputs (one
+seed per batch, kept in OUT/batch.json).  Learner code in a batch may not read SUBMISSIONS nor
+write OUT (grader/guard.py).
+
+    OUT/gradebook.csv             learner, stage, score, max_score, status, seconds
+    OUT/<learner>/results.json    Gradescope's format; hidden checks folded into one line, so it
+                                  can go back to the learner as it is
+    OUT/<learner>/<stage>.json    the grader's full record, hidden checks by name: the instructor's
+
+A batch that is interrupted resumes: a (learner, stage) whose record exists and was made from
+the same stage files (their SHA-256 is in it) is not graded again.  Every file is written to a
+temporary name and renamed, so none is ever half-written; the gradebook is rewritten, whole, each
+time a grading finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from grader import formats, stages
+from grader.grade import CheckResult, StageResult, submission_folder
+from grader.limits import Limits, add_limit_options, limit_overrides
+from kernels.loader import ROOT
+
+COLUMNS = ("learner", "stage", "score", "max_score", "status", "seconds")
+_GRACE = 120.0  # seconds a grading process may take beyond its stage's limit (starting up, reporting)
+
+
+def learners(submissions: Path, out: Path) -> list[Path]:
+    """One folder per learner (not hidden folders, nor the output if it was put among them)."""
+    return sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".") and p != out)
+
+
+def digest(folder: Path, stage) -> str:
+    """SHA-256 over a submission's files for ``stage`` (the record is stale once they change)."""
+    h = hashlib.sha256()
+    where = submission_folder(folder, stage)
+    for name in stage.files():
+        path = where / name
+        h.update(name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"<missing>") + b"\0")
+    return h.hexdigest()
+
+
+class Batch:
+    def __init__(self, submissions: Path, chosen: list, out: Path, *, jobs: int, limits: Limits, seed: int):
+        self.submissions, self.stages, self.out = submissions, chosen, out
+        self.jobs, self.limits, self.seed = jobs, limits, seed
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def record_path(self, learner: Path, stage) -> Path:
+        return self.out / learner.name / f"{stage.name}.json"
+
+    def load(self, learner: Path, stage) -> dict | None:
+        """The record of a finished grading, or None if there is none or it is stale."""
+        try:
+            record = json.loads(self.record_path(learner, stage).read_text())
+        except (OSError, ValueError):
+            return None
+        return record if record.get("digest") == digest(learner, stage) else None
+
+    # -- one grading, in a process of its own ---------------------------------------------------
+    def grade(self, learner: Path, stage) -> dict:
+        started = time.monotonic()
+        tmp = self.out / learner.name / f".{stage.name}.{secrets.token_hex(6)}.tmp"
+        env = dict(os.environ, **self.limits.env(), WORKBOOK_SEED=str(self.seed),
+                   WORKBOOK_PRIVATE=str(self.submissions), WORKBOOK_PROTECT=str(self.out),
+                   OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // self.jobs)))
+        cmd = [sys.executable, "-m", "grader", stage.name, "--submission", str(learner), "--format", "json",
+               "--out", str(tmp)]
+        record = {"learner": learner.name, "stage": stage.name, "digest": digest(learner, stage)}
+        try:
+            with self._lock:
+                if self._stopping:
+                    raise KeyboardInterrupt
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        start_new_session=True)
+                self._running.add(proc)
+            try:
+                _, err = proc.communicate(timeout=self.limits.stage_timeout + _GRACE)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                _, err = proc.communicate()
+                err = f"the grader did not finish within {self.limits.stage_timeout + _GRACE:.0f} s".encode()
+            finally:
+                with self._lock:
+                    self._running.discard(proc)
+            try:
+                record["result"] = json.loads(tmp.read_text())["stages"][0]
+            except (OSError, ValueError, KeyError, IndexError):
+                tail = err.decode(errors="replace").strip()[-600:]
+                record["error"] = f"grading failed (exit status {proc.returncode}): {tail or 'no output'}"
+        finally:
+            tmp.unlink(missing_ok=True)
+        record["seconds"] = round(time.monotonic() - started, 1)
+        if not self._stopping:  # an interrupted grading is graded again on resume
+            formats.write_atomic(self.record_path(learner, stage), json.dumps(record, indent=1) + "\n")
+        return record
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            for proc in list(self._running):
+                _kill(proc)
+
+    # -- what comes out ---------------------------------------------------------------------------
+    def stage_result(self, record: dict, stage) -> StageResult:
+        if "result" in record:
+            return StageResult.from_dict(record["result"])
+        return StageResult(stage.name, record["learner"], "error", results=[
+            CheckResult(c.name, c.points, 0, "crash", record["error"], hidden=c.hidden) for c in stage.checks()])
+
+    def write_learner(self, learner: Path) -> None:
+        records = [(s, self.load(learner, s)) for s in self.stages]
+        if all(r is not None for _, r in records):
+            graded = [(s, self.stage_result(r, s)) for s, r in records]
+            formats.write_atomic(self.out / learner.name / "results.json",
+                                 json.dumps(formats.gradescope(graded), indent=1) + "\n")
+
+    def write_gradebook(self) -> int:
+        rows = []
+        for learner in learners(self.submissions, self.out):
+            for stage in self.stages:
+                record = self.load(learner, stage)
+                if record is None:
+                    continue
+                result = self.stage_result(record, stage)
+                status = result.status
+                not_run = sum(r.status == "not run" for r in result.results)
+                if status == "graded" and not_run:
+                    status += f" ({not_run} GPU-only checks not run)"
+                rows.append((learner.name, stage.name, result.score, result.max_score, status, record["seconds"]))
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+        formats.write_atomic(self.out / "gradebook.csv", text.getvalue())
+        return len(rows)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the grader and its worker: a session of their own
+        except OSError:
+            pass
+
+
+class Progress:
+    """A plain-text progress bar on stderr: redrawn in place on a terminal, one line per step otherwise."""
+
+    def __init__(self, total: int, done: int = 0):
+        self.total, self.done, self.failed, self.start = total, done, 0, time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def step(self, what: str, ok: bool) -> None:
+        self.done += 1
+        self.failed += not ok
+        elapsed = time.monotonic() - self.start
+        fill = int(30 * self.done / max(1, self.total))
+        line = (f"[{'#' * fill}{'.' * (30 - fill)}] {self.done}/{self.total}  {elapsed:.0f} s"
+                f"{f'  ({self.failed} not passed)' if self.failed else ''}  {what}")
+        if self.tty:
+            sys.stderr.write("\r\033[K" + line + ("\n" if self.done == self.total else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, limits: Limits | None = None,
+        seed: int | None = None) -> int:
+    """Grade every learner in ``submissions`` on ``chosen`` stages into ``out``; 0 when all finished."""
+    submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    if not submissions.is_dir():
+        _say(f"{submissions} is not a folder of submissions (one folder per learner)")
+        return 2
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    limits = limits or Limits.from_env(jobs=jobs)
+    out.mkdir(parents=True, exist_ok=True)
+    meta_path = out / "batch.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    seed = seed if seed is not None else meta.get("seed", secrets.randbelow(2**31))
+    formats.write_atomic(meta_path, json.dumps({"seed": seed, "submissions": str(submissions)}, indent=1) + "\n")
+    batch = Batch(submissions, chosen, out, jobs=jobs, limits=limits, seed=seed)
+    everyone = learners(submissions, out)
+    todo = [(p, s) for p in everyone for s in chosen if batch.load(p, s) is None]
+    for p in everyone:
+        (out / p.name).mkdir(exist_ok=True)
+    total = len(everyone) * len(chosen)
+    _say(f"{len(everyone)} learners, {', '.join(s.name for s in chosen)}: {len(todo)} to grade, "
+         f"{total - len(todo)} already graded; {jobs} at a time; inputs seed {seed}")
+    progress = Progress(total, total - len(todo))
+    remaining = {p.name: sum(1 for q, _ in todo if q == p) for p in everyone}
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop leaves a whole gradebook, too
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = {pool.submit(batch.grade, p, s): (p, s) for p, s in todo}
+        for future in as_completed(futures):
+            learner, stage = futures[future]
+            record = future.result()
+            result = batch.stage_result(record, stage)
+            remaining[learner.name] -= 1
+            if not remaining[learner.name]:
+                batch.write_learner(learner)
+            batch.write_gradebook()
+            progress.step(f"{learner.name} {stage.name}: {result.score}/{result.max_score} {result.status}",
+                          ok=result.ok)
+    except KeyboardInterrupt:
+        batch.stop()
+        pool.shutdown(wait=True, cancel_futures=True)
+        rows = batch.write_gradebook()
+        _say(f"\ninterrupted: {rows} of {total} gradings are in {out / 'gradebook.csv'}; "
+             "run the same command again to grade the rest")
+        return 130
+    pool.shutdown()
+    for p in everyone:  # learners whose every stage was already graded before this run
+        batch.write_learner(p)
+    rows = batch.write_gradebook()
+    _say(f"gradebook: {out / 'gradebook.csv'} ({rows} rows); each learner's results.json is in {out}/<learner>/")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader batch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("submissions", type=Path, help="a folder with one folder per learner")
+    parser.add_argument("--stages", required=True, help="stages to grade, comma-separated: stage5,stage6")
+    parser.add_argument("--out", type=Path, required=True, help="where the gradebook and results go")
+    parser.add_argument("--jobs", type=int, help="gradings at once (default: the machine's cores)")
+    parser.add_argument("--seed", type=int, help="the inputs' seed (default: random, then kept in OUT/batch.json)")
+    add_limit_options(parser)
+    args = parser.parse_args(argv)
+    try:
+        chosen = [stages.find(name) for name in args.stages.split(",")]
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    limits = Limits.from_env(jobs=args.jobs or os.cpu_count() or 1, **limit_overrides(args))
+    return run(args.submissions, chosen, args.out, jobs=args.jobs, limits=limits, seed=args.seed)

@@ -1,0 +1,121 @@
+"""``python -m grader batch``: a class of submissions, some broken, some hostile, graded whole.
+
+One class of seven learners on stage 1, graded four times: interrupted after the first grading,
+resumed to the end, run again (nothing left to grade), and run once more after one learner
+changed their file (only theirs is graded again).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grader import mutants, release, stages
+from kernels.loader import ROOT
+
+STAGE1 = stages.find("stage1")
+FILE = f"{STAGE1.module}.py"
+SOLUTION = (ROOT / "solutions" / FILE).read_text()
+HIDDEN = {c.name for c in STAGE1.checks() if c.hidden}
+MAX = sum(c.points for c in STAGE1.checks())
+
+
+def _write(folder, text):
+    folder.mkdir(parents=True)
+    (folder / FILE).write_text(text)
+
+
+def _edit(old, new):
+    assert SOLUTION.count(old) == 1
+    return SOLUTION.replace(old, new)
+
+
+def _class(root):
+    subs = root / "submissions"
+    mutants.copy_solution(STAGE1, subs / "ada")                                       # right
+    _write(subs / "bo" / "stages", _edit("1.0 / math.sqrt(D)", "1.0 / D"))             # a whole workbook, wrong scale
+    _write(subs / "cy", release.rendered()[FILE])                                     # not started
+    (subs / "di").mkdir()                                                             # handed in nothing
+    _write(subs / "ed", _edit("import math\n", "import math\nwhile True:\n    pass\n"))  # hangs at import
+    _write(subs / "fa", _edit("    xf = x.float()\n", "    import ctypes\n    ctypes.string_at(0)\n"))  # segfaults
+    _write(subs / "gu", _edit("import math\n", f"import math\nexec(open({str(subs / 'ada' / FILE)!r}).read())\n"))
+    return subs
+
+
+def _batch(subs, out, *extra, **popen):
+    cmd = [sys.executable, "-m", "grader", "batch", str(subs), "--stages", "stage1", "--out", str(out),
+           "--check-timeout", "5", "--stage-timeout", "60", "--seed", "1234", *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _gradebook(out):
+    with open(out / "gradebook.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and list(rows[0]) == ["learner", "stage", "score", "max_score", "status", "seconds"]
+    return {r["learner"]: r for r in rows}
+
+
+@pytest.mark.slow
+def test_a_class_is_graded_whole_resumed_and_regraded(tmp_path):
+    subs, out = _class(tmp_path), tmp_path / "out"
+
+    # 1. Interrupted once the first grading is in: the gradebook holds exactly what finished.
+    proc = _batch(subs, out, "--jobs", "1")
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*/stage1.json")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    done = {p.parent.name for p in out.glob("*/stage1.json")}
+    assert done and set(_gradebook(out)) == done
+    assert not list(out.rglob("*.tmp")), "a temporary file was left behind"
+
+    # 2. Resumed: only what was not done is graded; every learner ends with a row and a reason.
+    proc = _batch(subs, out, "--jobs", "2")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    assert f"{7 - len(done)} to grade, {len(done)} already graded" in err
+    book = _gradebook(out)
+    assert set(book) == {"ada", "bo", "cy", "di", "ed", "fa", "gu"}
+    assert all(r["max_score"] == str(MAX) for r in book.values())
+    assert book["ada"]["score"] == str(MAX) and book["ada"]["status"] == "graded"
+    assert 0 < int(book["bo"]["score"]) < MAX
+    assert (book["cy"]["status"], book["cy"]["score"]) == ("not started", "0")
+    assert (book["di"]["status"], book["di"]["score"]) == ("not started", "0")
+    assert (book["ed"]["status"], book["ed"]["score"]) == ("import error", "0")
+    assert book["fa"]["status"] == "graded" and int(book["fa"]["score"]) < MAX
+    assert (book["gu"]["status"], book["gu"]["score"]) == ("import error", "0")   # may not read ada's file
+
+    # Each learner's results.json is Gradescope's format, hidden checks folded into one line.
+    for name in book:
+        results = json.loads((out / name / "results.json").read_text())
+        assert results["score"] == int(book[name]["score"]) == sum(t["score"] for t in results["tests"])
+        assert isinstance(results["execution_time"], int)
+        assert all({"name", "score", "max_score", "output"} <= set(t) for t in results["tests"])
+        text = json.dumps(results)
+        assert not any(h in text for h in HIDDEN), f"{name}'s results.json names a hidden check"
+    fa = json.loads((out / "fa" / "results.json").read_text())["tests"]
+    assert any("segmentation fault" in t["output"] and t["status"] == "failed" for t in fa)
+    gu = json.loads((out / "gu" / "stage1.json").read_text())["result"]["results"][0]["message"]
+    assert "another submission" in gu
+    ada = json.loads((out / "ada" / "stage1.json").read_text())["result"]["results"]
+    assert HIDDEN <= {r["name"] for r in ada}, "the instructor's record names every check"
+
+    # 3. Run again: nothing to grade.
+    proc = _batch(subs, out)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "0 to grade, 7 already graded" in err
+
+    # 4. bo fixes their file: only bo is graded again.
+    (subs / "bo" / "stages" / FILE).write_text(SOLUTION)
+    proc = _batch(subs, out)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "1 to grade, 6 already graded" in err
+    assert _gradebook(out)["bo"]["score"] == str(MAX)
