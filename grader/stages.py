@@ -47,6 +47,8 @@ STAGES: list[Stage] = [
           "02_first_triton.ipynb", "CPU or GPU"),
     Stage(3, "stage3_flash_forward", "FlashAttention forward in Triton; padding odd head dims",
           "03_flash_forward.ipynb", "CPU or GPU"),
+    Stage(4, "stage4_variable_block", "variable-block tiling for odd head dims in CUDA", "04_variable_block.ipynb",
+          "GPU (plan and emulation: CPU)"),
 ]
 
 

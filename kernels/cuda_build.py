@@ -1,0 +1,128 @@
+"""Build the workbook's CUDA kernels on first use, and cache them between runs.
+
+A ``.cu`` stage file is compiled for one configuration at a time: its template parameters
+arrive as ``-D`` flags (``-DHEAD_DIM=72 -DBLOCK_M=128 -DBLOCK_N=64``), so the kernel is built for
+exactly the tiles the plan picked.  ``load`` compiles through ``torch.utils.cpp_extension``
+(nvcc and ninja, for this GPU's architecture) into a folder of the user's cache named by a hash
+of the source, the configuration and the GPU, and returns the library through ``ctypes``: the
+kernels export plain C entry points and include no PyTorch header, so they compile in seconds.
+
+``compile_only`` runs ``nvcc -c`` for a given architecture and needs no GPU: CI uses it to check
+that a ``.cu`` file compiles for sm_80 and sm_90.
+
+    WORKBOOK_CACHE   where builds are kept (default: $XDG_CACHE_HOME or ~/.cache, then
+                     flash-attention-workbook/cuda)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+def cache_dir() -> Path:
+    """The folder builds are kept in (created on demand)."""
+    env = os.environ.get("WORKBOOK_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "flash-attention-workbook"
+    return base / "cuda"
+
+
+def nvcc() -> str | None:
+    """Path of nvcc: on the PATH, else under CUDA_HOME / CUDA_PATH / /usr/local/cuda; None if absent."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (Path(root) / "bin" / "nvcc").exists():
+            return str(Path(root) / "bin" / "nvcc")
+    return None
+
+
+def gencode(arch: str) -> str:
+    """``-gencode`` for an architecture: 'sm_90' -> machine code for sm_90 ('sm_90a' for wgmma kernels)."""
+    number = arch.removeprefix("sm_")
+    return f"-gencode=arch=compute_{number},code=sm_{number}"
+
+
+def device_arch(device=None) -> str:
+    """'sm_90' for an H100, 'sm_80' for an A100, ... (the current CUDA device by default)."""
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _defines(defines: dict[str, int]) -> list[str]:
+    return [f"-D{name}={value}" for name, value in sorted(defines.items())]
+
+
+def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CUDA kernel",
+         verbose: bool = False) -> ctypes.CDLL:
+    """Compile ``source`` with ``defines`` for this GPU (first use only) and return it as a ctypes library."""
+    import torch
+    source = Path(source)
+    text = source.read_text()
+    arch = device_arch()
+    key_text = "\n".join([text, repr(sorted(defines.items())), arch, " ".join(FLAGS), torch.__version__])
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    if key in _loaded:
+        return _loaded[key]
+    name = f"{source.stem}_{key}"
+    build_dir = cache_dir() / name
+    library = build_dir / f"{name}.so"
+    if not library.exists():
+        config = " ".join(f"{k}={v}" for k, v in defines.items())
+        print(f"compiling {label} for {config} (first use only, ~1 min)...", flush=True)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        # Compile a copy kept in the build folder: its path stays the same from run to run
+        # (the caller's file may live in a temporary folder), so ninja's record stays valid.
+        copy = build_dir / "kernel.cu"
+        if not copy.exists() or copy.read_text() != text:
+            copy.write_text(text)
+        from torch.utils.cpp_extension import load as cpp_load
+        started = time.monotonic()
+        cpp_load(name=name, sources=[str(copy)], build_directory=str(build_dir), is_python_module=False,
+                 extra_cuda_cflags=[gencode(arch), *FLAGS, *_defines(defines)], verbose=verbose)
+        if verbose:
+            print(f"built {library} in {time.monotonic() - started:.0f} s", flush=True)
+    lib = ctypes.CDLL(str(library))
+    _loaded[key] = lib
+    return lib
+
+
+@dataclass
+class CompileResult:
+    ok: bool
+    command: str
+    output: str
+    seconds: float
+
+
+def compile_only(source: str | os.PathLike, *, arch: str, defines: dict[str, int] | None = None,
+                 extra: list[str] | None = None, timeout: float = 300) -> CompileResult:
+    """``nvcc -c`` of ``source`` for ``arch`` ('sm_80', 'sm_90', ...): no GPU needed.
+
+    Raises FileNotFoundError when nvcc is not installed.
+    """
+    compiler = nvcc()
+    if compiler is None:
+        raise FileNotFoundError("nvcc not found (looked on the PATH, in CUDA_HOME, CUDA_PATH and /usr/local/cuda)")
+    with tempfile.TemporaryDirectory(prefix="workbook-nvcc-") as tmp:
+        cmd = [compiler, "-c", gencode(arch), *FLAGS, *_defines(defines or {}), *(extra or []),
+               str(source), "-o", str(Path(tmp) / "kernel.o")]
+        started = time.monotonic()
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return CompileResult(False, " ".join(cmd), f"nvcc ran past {timeout:.0f} s", time.monotonic() - started)
+        return CompileResult(done.returncode == 0, " ".join(cmd), (done.stdout + done.stderr).strip(),
+                             time.monotonic() - started)

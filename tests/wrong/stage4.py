@@ -1,0 +1,53 @@
+"""Wrong stage 4 solutions the checks must reject: in the plan, the emulation and the CUDA kernel."""
+
+from grader.mutants import Mutant
+
+MUTANTS = [
+    # -- the plan
+    Mutant("plan_pads_to_8", "pads the head dim to a multiple of 8, which Q K^T's k step of 16 cannot use",
+           edits=[("head_dim_padded = -(-head_dim // MMA_K) * MMA_K", "head_dim_padded = -(-head_dim // 8) * 8")],
+           caught_by=["plan_head_dims"]),
+    Mutant("plan_ignores_limit", "returns the first candidate whether or not it fits in shared memory",
+           edits=[("        if need <= limit:\n", "        if True:\n")],
+           caught_by=["plan_fits_shared_memory"]),
+    Mutant("plan_one_stage", "budgets one K and one V tile, forgetting the second pipeline stage",
+           edits=[("    return (block_m + 2 * STAGES * block_n) * (head_dim_padded + ROW_PAD) * itemsize",
+                   "    return (block_m + 2 * block_n) * (head_dim_padded + ROW_PAD) * itemsize")],
+           caught_by=["plan_fits_shared_memory"]),
+    Mutant("plan_smallest_first", "walks the candidates from the smallest tile up: little reuse of each K/V tile",
+           edits=[("    for block_m, block_n, num_warps in candidates:\n",
+                   "    for block_m, block_n, num_warps in reversed(candidates):\n")],
+           caught_by=["plan_uses_the_budget"]),
+    # -- the emulation
+    Mutant("emulation_no_rescale", "adds each tile's p @ v without rescaling the running output",
+           edits=[("acc = acc * alpha[..., None] + p.to(v.dtype).float() @ v[:, :, cols].float()",
+                   "acc = acc + p.to(v.dtype).float() @ v[:, :, cols].float()")],
+           caught_by=["emulation_matches_reference"]),
+    Mutant("emulation_nan_unsafe", "subtracts a running max that is still -inf: exp2(-inf - -inf) = NaN",
+           edits=[("m_scaled = torch.where(m_new == neg_inf, torch.zeros_like(m_new), m_new * scale_log2)",
+                   "m_scaled = m_new * scale_log2")],
+           caught_by=["emulation_causal"]),
+    Mutant("emulation_causal_off_by_one", "hides each row's own key on the diagonal",
+           edits=[("s = s.masked_fill(cols[None, :] > rows[:, None] + (Nk - Nq), float(\"-inf\"))",
+                   "s = s.masked_fill(cols[None, :] >= rows[:, None] + (Nk - Nq), float(\"-inf\"))")],
+           caught_by=["emulation_causal"]),
+    # -- the CUDA kernel
+    Mutant("cuda_wrong_operand_count", "passes one register where the mma takes the four of an A fragment: nvcc refuses it",
+           edits=[("Mma<T>::run(s[mt][2 * nn], a[mt], r[0], r[1]);", "Mma<T>::run(s[mt][2 * nn], a[mt][0], r[0], r[1]);")],
+           file=".cu", caught_by=["cuda_source_compiles"]),
+    Mutant("cuda_no_rescale", "rescales l but not the output accumulator when the max grows",
+           edits=[("for (int j = 0; j < O_TILES; ++j) { acc[mt][j][2 * i] *= alpha; acc[mt][j][2 * i + 1] *= alpha; }",
+                   "for (int j = 0; j < O_TILES; ++j) { }")],
+           file=".cu", caught_by=["kernel_head_dims"]),
+    Mutant("cuda_drops_odd_tail", "computes P V only for pairs of 8-column tiles: D = 72 loses its last 8 columns",
+           edits=[("            if constexpr (O_TILES % 2 == 1) {", "            if constexpr (false) {")],
+           file=".cu", caught_by=["kernel_head_dims"]),
+    Mutant("cuda_causal_off_by_one", "hides each row's own key on the diagonal",
+           edits=[("if (col >= p.Nk || (CAUSAL && col > row + offset)) s[mt][j][e] = -INFINITY;",
+                   "if (col >= p.Nk || (CAUSAL && col >= row + offset)) s[mt][j][e] = -INFINITY;")],
+           file=".cu", caught_by=["kernel_causal"]),
+    Mutant("cuda_nan_unsafe", "subtracts a running max that is still -inf for rows that have seen no key",
+           edits=[("const float m_scaled = mx == -INFINITY ? 0.f : mx * p.scale_log2;",
+                   "const float m_scaled = mx * p.scale_log2;")],
+           file=".cu", caught_by=["kernel_causal", "kernel_asymmetric_tiles"]),
+]
