@@ -49,6 +49,14 @@ STAGES: list[Stage] = [
           "03_flash_forward.ipynb", "CPU or GPU"),
     Stage(4, "stage4_variable_block", "variable-block tiling for odd head dims in CUDA", "04_variable_block.ipynb",
           "GPU (plan and emulation: CPU)"),
+    Stage(5, "stage5_causal", "causal masking, block skipping, NaN-safe online softmax",
+          "05_causal.ipynb", "CPU or GPU"),
+    Stage(6, "stage6_gqa", "grouped-query and multi-query attention",
+          "06_gqa.ipynb", "CPU or GPU"),
+    Stage(7, "stage7_sliding_window", "sliding-window attention in O(N*W)",
+          "07_sliding_window.ipynb", "CPU or GPU"),
+    Stage(8, "stage8_sinks", "attention sinks: sink tokens and learned sinks",
+          "08_sinks.ipynb", "CPU or GPU"),
 ]
 
 

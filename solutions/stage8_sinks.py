@@ -1,0 +1,296 @@
+"""Stage 8: attention sinks, both kinds: sink tokens (StreamingLLM) and learned sinks (gpt-oss).
+
+What you will learn
+-------------------
+* Sink tokens, ``sink_tokens=S``.  A model trained with full attention dumps a lot of
+  attention on its first few tokens; slide a window past them and it falls apart.
+  StreamingLLM keeps the first ``S`` keys visible to every query whatever the window (still
+  causally: a query never sees a key after its diagonal)::
+
+      W = 2, S = 1, Nq = Nk = 6
+            k0 k1 k2 k3 k4 k5
+        q0   #  .  .  .  .  .
+        q1   #  #  .  .  .  .
+        q2   #  #  #  .  .  .
+        q3   #  .  #  #  .  .
+        q4   #  .  .  #  #  .
+        q5   #  .  .  .  #  #
+
+  The kernel visits the sink keys as a range of their own: the first ``cdiv(S, block_n)``
+  key blocks, masked, then the window's ranges of stage 7.  The blocks in between are still
+  skipped, so the work stays O(N * (W + S)).  Where the window already reaches back into the
+  sink blocks, the sink range stops where the window's starts: no block is visited twice.
+* Learned sinks, ``sinks`` (float32, one logit per query head).  gpt-oss gives each head a
+  learned logit for a virtual key whose value is zero: it adds ``exp(sinks[h])`` to every
+  row's softmax denominator, so a head can put weight on "nothing"::
+
+      lse[b, h, i] = log( exp(sinks[h]) + sum over visible j of exp(s[i, j]) )
+      o[b, h, i]   = sum over visible j of exp(s[i, j] - lse[b, h, i]) v[j]
+
+  The online softmax takes it in for free: start every row's running max at the sink's
+  logit (in base 2) and its running sum at 1, as if the sink were the first key read.  A row
+  that sees no key then ends with o = 0 and lse = sinks[h], and a sink of +40 cannot
+  overflow anything, because exp2 is only ever taken of a logit minus the running max.
+
+Everything of stage 7 stays: the sliding window in O(N * W), causal masking aligned
+bottom-right with skipped blocks, GQA/MQA without copies, and the NaN-safe online softmax.
+
+``flash_attention(..., return_visits=True)`` also returns how many key blocks each program
+loaded, counted by the kernel's own loop: the tests use it to see that blocks are skipped.
+
+Conventions (kernels/reference.py): q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D) with Hq % Hkv == 0;
+returns o in q's dtype and lse (B, Hq, Nq) float32, natural log; rows that see no key give
+o = 0, lse = -inf (lse = sinks[h] with learned sinks); ``window`` needs ``causal=True``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import runtime, validate
+
+import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+import triton.language as tl  # noqa: E402
+
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = 0.6931471805599453     # ln(2):   log(x) == log2(x) * LN2
+HEAD_DIMS = (16, 256)
+
+
+def padding_waste(head_dim: int) -> float:
+    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
+
+    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
+    0.4375
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    padded = triton.next_power_of_2(head_dim)
+    return (padded - head_dim) / padded
+
+
+@triton.jit
+def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
+                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
+
+    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
+    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
+    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
+    With HAS_WINDOW it also hides keys j <= i + shift - WINDOW, which have left the window,
+    except the sink tokens j < SINK_TOKENS.
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < N_K
+        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            visible = col_ok[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+            if HAS_WINDOW:
+                in_window = cols[None, :] > offs_m[:, None] + shift - WINDOW
+                # TODO(8a): keep the sink tokens visible whatever the window: a key j < SINK_TOKENS
+                # counts as inside every row's window (the causal test above still applies).
+                # BEGIN SOLUTION stub=pass
+                in_window = in_window | (cols[None, :] < SINK_TOKENS)
+                # END SOLUTION
+                visible = visible & in_window
+            s = tl.where(visible, s, float("-inf"))
+        # The NaN-safe online softmax of stage 5: a row that has seen no key yet has m_new = -inf.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+        visits += 1                                   # one more key block loaded (the tests count them)
+    return acc, m_i, l_i, visits
+
+
+@triton.jit
+def _flash_forward_kernel(
+    Q, K, V, O, LSE, SINKS, VISITS,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, GROUP, N_Q, N_K, HEAD_DIM,   # H query heads; GROUP = Hq // Hkv of them share a K/V head
+    WINDOW,                         # keys per sliding window (used only with HAS_WINDOW)
+    SINK_TOKENS,                    # the first SINK_TOKENS keys stay visible whatever the window
+    qk_scale,                       # sm_scale * log2(e): scores come out in base 2
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, COUNT_VISITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+):
+    pid_m = tl.program_id(0)        # which block of queries
+    pid_bh = tl.program_id(1)       # which (batch, query head)
+    b = pid_bh // H
+    h = pid_bh % H
+    h_kv = h // GROUP               # the K/V head this query head shares (stage 6)
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
+    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
+    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
+    row_ok = offs_m < N_Q
+    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
+
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
+    visits = 0                                                               # key blocks loaded
+    # TODO(8b): with HAS_SINKS, this head's learned sink is a virtual key with logit SINKS[h]
+    # and value 0.  Count it as read before every real key: start m_i at its logit in base 2
+    # (SINKS[h] * log2(e)) and l_i at 1 for every row; acc stays 0, since its value is 0.
+    # BEGIN SOLUTION stub=pass
+    if HAS_SINKS:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + h) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    # END SOLUTION
+
+    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
+    shift = N_K - N_Q
+    # The key blocks this query block needs (stage 5): whole blocks [0, full_hi) that every row
+    # sees, without a mask; the band [full_hi, hi) the diagonal cuts, masked; nothing above it.
+    if CAUSAL:
+        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
+    else:
+        full_hi = N_K // BLOCK_N * BLOCK_N
+        hi = N_K
+    # With a window (stage 7): [lo, full_lo) is its masked leading edge, [full_lo, full_hi) the
+    # blocks inside every row's window; lo <= full_lo <= full_hi <= hi.
+    lo = 0
+    full_lo = 0
+    sink_hi = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+        full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        full_lo = tl.minimum(full_lo, full_hi)
+        # TODO(8c): the sink tokens' own range of key blocks, [0, sink_hi): the blocks that hold
+        # keys j < SINK_TOKENS, i.e. SINK_TOKENS rounded UP to a multiple of BLOCK_N, but never
+        # past lo: from lo on, the window's ranges load those blocks already (a block loaded
+        # twice counts its keys twice).  The blocks between sink_hi and lo are skipped.
+        # BEGIN SOLUTION stub=pass
+        sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)
+        # END SOLUTION
+    acc, m_i, l_i, visits = _attend_blocks(                   # the sink tokens behind the window, masked
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # the window's leading edge, masked
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+
+    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
+    # With a learned sink it ends with l_i = 1 and m_i = the sink: o = 0 and lse = sinks[h].
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
+    o = acc / l_safe[:, None]
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=row_ok)
+    if COUNT_VISITS:
+        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+def _default_blocks(head_dim_pad: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): big tiles on a GPU, small ones for the interpreter."""
+    if not runtime.ON_GPU:
+        return 32, 32, 4, 1
+    if head_dim_pad <= 64:
+        return 128, 64, 4, 3
+    if head_dim_pad <= 128:
+        return 128, 64, 8, 2
+    return 64, 32, 4, 2
+
+
+def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
+                    sinks: torch.Tensor | None = None, sm_scale: float | None = None,
+                    block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
+    """FlashAttention forward with every feature of the workbook; returns ``(o, lse)``.
+
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 (query head h reads K/V head
+    h // (Hq // Hkv)) and 16 <= D <= 256; any Nq, Nk >= 1; any strides.
+    float16/float32 (and bfloat16 on a GPU).  ``causal=True`` aligns the diagonal bottom-right:
+    query i sees key j iff j <= i + (Nk - Nq); a row that sees no key gets o = 0, lse = -inf.
+    ``window=W`` (needs causal) keeps the W most recent keys: i' - W < j <= i', i' = i + (Nk - Nq).
+    ``sink_tokens=S`` keeps keys j < S visible whatever the window (never past the diagonal).
+    ``sinks``: float32 (Hq,) learned logits, one virtual zero-valued key per query head added to
+    every row's softmax denominator; lse includes it, and a row with no visible key gets
+    o = 0, lse = sinks[h].
+    ``block_m``/``block_n`` override the tile shape.  ``return_visits=True`` also returns an
+    int32 tensor (B, Hq, cdiv(Nq, block_m)): how many key blocks each query block's program loaded.
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                                      sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
+    runtime.check_dtype(q.dtype)
+    # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
+    head_dim_pad = triton.next_power_of_2(D)
+    bm, bn, num_warps, num_stages = _default_blocks(head_dim_pad)
+    bm = validate.block_size(block_m, "block_m") if block_m is not None else bm
+    bn = validate.block_size(block_n, "block_n") if block_n is not None else bn
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+
+    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
+    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
+    grid = (triton.cdiv(Nq, bm), B * Hq)                                     # one program per query head
+    visits = torch.empty(B, Hq, grid[0], device=q.device, dtype=torch.int32) if return_visits else None
+    sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
+    _flash_forward_kernel[grid](
+        q, k, v, o, lse, sinks, visits,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        Hq, Hq // Hkv, Nq, Nk, D,
+        window if window is not None else 0,
+        sink_tokens,
+        scale * LOG2E,
+        CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None, COUNT_VISITS=return_visits,
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim_pad,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return (o, lse, visits) if return_visits else (o, lse)
+
+
+# BEGIN SOLUTION stub=
+if __name__ == "__main__":
+    from kernels import reference
+    q = runtime.randn(1, 4, 200, 64, dtype=torch.float16)
+    k, v = (runtime.randn(1, 2, 200, 64, dtype=torch.float16) for _ in range(2))
+    sinks = torch.tensor([-30.0, 0.0, 3.0, 40.0], device=q.device)
+    for opts in (dict(causal=True, window=16, sink_tokens=4), dict(sinks=sinks),
+                 dict(causal=True, window=16, sink_tokens=4, sinks=sinks)):
+        o, lse, visits = flash_attention(q, k, v, **opts, block_m=32, block_n=32, return_visits=True)
+        o_ref, lse_ref = reference.attention(q, k, v, **opts)
+        print(f"{', '.join(f'{n}={x}' for n, x in opts.items() if n != 'sinks')}"
+              f"{' learned sinks ' + str(sinks.tolist()) if 'sinks' in opts else ''}: "
+              f"max |o - ref| = {(o.double() - o_ref).abs().max().item():.2e}, "
+              f"max |lse - ref| = {(lse.double() - lse_ref).abs().max().item():.2e}, key blocks loaded {int(visits.sum())}")
+    if runtime.ON_GPU:
+        from triton.testing import do_bench
+        q = torch.randn(1, 64, 8192, 64, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, 8, 8192, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        sinks = torch.randn(64, device="cuda")
+        for opts in (dict(causal=True), dict(causal=True, window=128, sink_tokens=4, sinks=sinks),
+                     dict(causal=True, sinks=sinks)):
+            ms = do_bench(lambda: flash_attention(q, k, v, **opts), return_mode="median")
+            print(f"gpt-oss-like shapes (Hq 64, Hkv 8, N 8192, D 64, bf16), {sorted(opts)}: {ms:.3f} ms")
+# END SOLUTION

@@ -1,0 +1,198 @@
+"""Stage 5: causal attention: skip what is above the diagonal, and never make a NaN.
+
+What you will learn
+-------------------
+* Causal masking aligned bottom-right, as FlashAttention does: query ``i`` sees key ``j`` iff
+  ``j <= i + (Nk - Nq)``, so the last query always sees the last key.
+* Block skipping.  A query block works out from its own position which key blocks it needs:
+  the whole blocks below the diagonal (every row sees all of them: no mask at all), then a
+  band of blocks the diagonal cuts through (masked element by element), and nothing above
+  it.  Blocks above the diagonal are never loaded, so causal attention does about half the
+  work.  ``_attend_blocks`` runs the loop of stage 3 over one range of key blocks, MASKED or
+  not, and the kernel calls it once per range::
+
+      Nq = Nk = 512, block_m = 128, block_n = 64       F whole (no mask)  P band (masked)  . skipped
+                         key block  0  1  2  3  4  5  6  7
+          query block 0             P  P  .  .  .  .  .  .
+          query block 1             F  F  P  P  .  .  .  .
+          query block 2             F  F  F  F  P  P  .  .
+          query block 3             F  F  F  F  F  F  P  P
+
+* The NaN trap.  With ``block_m != block_n`` a row can be fully masked inside a tile (rows
+  0-63 of query block 0 see nothing of key block 1 above), and with ``Nq > Nk`` a row can see
+  no key at all.  Such a row's max is -inf, and ``exp2(-inf - (-inf))`` is NaN: an update
+  that subtracts the tile's own max, or a running max that is still -inf, poisons the row.
+  The fix: subtract 0 while the max is -inf (every ``exp2(-inf - 0)`` is then an honest 0),
+  and finish a row whose sum ``l`` is 0 with ``o = 0`` and ``lse = -inf``.
+
+``flash_attention(..., return_visits=True)`` also returns how many key blocks each program
+loaded, counted by the kernel's own loop: the tests use it to see that blocks are skipped.
+
+Conventions (kernels/reference.py): q (B, H, Nq, D), k and v (B, H, Nk, D); returns o in q's
+dtype and lse (B, H, Nq) float32, natural log; rows that see no key give o = 0, lse = -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import runtime, validate
+
+import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+import triton.language as tl  # noqa: E402
+
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = 0.6931471805599453     # ln(2):   log(x) == log2(x) * LN2
+HEAD_DIMS = (16, 256)
+
+
+def padding_waste(head_dim: int) -> float:
+    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
+
+    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
+    0.4375
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    padded = triton.next_power_of_2(head_dim)
+    return (padded - head_dim) / padded
+
+
+@triton.jit
+def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
+                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, qk_scale,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
+
+    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
+    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
+    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < N_K
+        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
+        # TODO(5a): in a MASKED block, set s to -inf where a key is past N_K or (with CAUSAL)
+        # after the row's diagonal, cols > offs_m + shift.  Then stage 3's online-softmax
+        # update, made NaN-safe: a row can have m_new = -inf (it has seen no key yet, and this
+        # tile hides every key from it).  Subtract m_safe = (0 where m_new is -inf, else m_new)
+        # in both exponentials, alpha = exp2(m_i - m_safe) and p = exp2(s - m_safe), and keep
+        # m_i = m_new itself (still -inf for such a row).
+        pass
+        visits += 1                                   # one more key block loaded (the tests count them)
+    return acc, m_i, l_i, visits
+
+
+@triton.jit
+def _flash_forward_kernel(
+    Q, K, V, O, LSE, VISITS,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, N_Q, N_K, HEAD_DIM,
+    qk_scale,                       # sm_scale * log2(e): scores come out in base 2
+    CAUSAL: tl.constexpr, COUNT_VISITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+):
+    pid_m = tl.program_id(0)        # which block of queries
+    pid_bh = tl.program_id(1)       # which (batch, head)
+    b = pid_bh // H
+    h = pid_bh % H
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
+    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
+    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
+    row_ok = offs_m < N_Q
+    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :] * stride_vd
+
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
+    visits = 0                                                               # key blocks loaded
+
+    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
+    shift = N_K - N_Q
+    # TODO(5b): the key blocks this query block needs, as two ranges of block starts.
+    #   whole blocks [0, full_hi): every row of the block sees every key in them.  The first
+    #     row, start_m, sees keys <= start_m + shift, so full_hi is start_m + shift + 1 rounded
+    #     DOWN to a multiple of BLOCK_N (and never below 0: when Nq > Nk it can be negative).
+    #   the band [full_hi, hi): blocks the diagonal cuts.  The block's last row sees keys
+    #     <= start_m + BLOCK_M - 1 + shift, so hi = start_m + BLOCK_M + shift, kept in [0, N_K].
+    # Without CAUSAL every key is visible: the whole blocks are the ones that end by N_K, and
+    # the band is the partial last block, if any.  (Round down with // only on values >= 0:
+    # Triton's integer division truncates toward zero, like C, so -5 // 4 is -1, not -2.)
+    pass
+    acc, m_i, l_i, visits = _attend_blocks(
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, full_hi,
+        offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
+        offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
+
+    # TODO(5c): normalise and store as in stage 3, but a row that saw no key has l_i = 0 and
+    # m_i = -inf: divide by 1 instead of 0 there (acc is 0, so o = 0), and let its
+    # lse = (m_i + log2(l)) * ln(2) come out as -inf, not NaN.
+    pass
+    if COUNT_VISITS:
+        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+def _default_blocks(head_dim_pad: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): big tiles on a GPU, small ones for the interpreter."""
+    if not runtime.ON_GPU:
+        return 32, 32, 4, 1
+    if head_dim_pad <= 64:
+        return 128, 64, 4, 3
+    if head_dim_pad <= 128:
+        return 128, 64, 8, 2
+    return 64, 32, 4, 2
+
+
+def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = None,
+                    block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
+    """FlashAttention forward, optionally causal; returns ``(o, lse)``.
+
+    q: (B, H, Nq, D); k, v: (B, H, Nk, D) with 16 <= D <= 256; any Nq, Nk >= 1; any strides.
+    float16/float32 (and bfloat16 on a GPU).  ``causal=True`` aligns the diagonal bottom-right:
+    query i sees key j iff j <= i + (Nk - Nq); a row that sees no key gets o = 0, lse = -inf.
+    ``block_m``/``block_n`` override the tile shape.  ``return_visits=True`` also returns an
+    int32 tensor (B, H, cdiv(Nq, block_m)): how many key blocks each query block's program loaded.
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, sm_scale=sm_scale,
+                                                      head_dims=HEAD_DIMS)
+    runtime.check_dtype(q.dtype)
+    if Hq != Hkv:
+        raise ValueError(f"q has {Hq} heads and k/v have {Hkv}; stage 5 expects the same number of heads")
+    head_dim_pad = triton.next_power_of_2(D)
+    bm, bn, num_warps, num_stages = _default_blocks(head_dim_pad)
+    bm = validate.block_size(block_m, "block_m") if block_m is not None else bm
+    bn = validate.block_size(block_n, "block_n") if block_n is not None else bn
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+
+    o = torch.empty_like(q)                                                  # (B, H, Nq, D)
+    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, H, Nq)
+    grid = (triton.cdiv(Nq, bm), B * Hq)
+    visits = torch.empty(B, Hq, grid[0], device=q.device, dtype=torch.int32) if return_visits else None
+    _flash_forward_kernel[grid](
+        q, k, v, o, lse, visits,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        Hq, Nq, Nk, D,
+        scale * LOG2E,
+        CAUSAL=causal, COUNT_VISITS=return_visits,
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim_pad,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return (o, lse, visits) if return_visits else (o, lse)
+
+

@@ -1,0 +1,249 @@
+"""Stage 7: sliding-window attention, whose work grows with the window, not the sequence.
+
+What you will learn
+-------------------
+* A sliding window of ``W`` keys (Mistral, Gemma, gpt-oss): with ``causal=True`` and
+  ``window=W``, query ``i`` sees key ``j`` iff ``i' - W < j <= i'``, where ``i' = i + (Nk - Nq)``
+  is its diagonal: exactly ``W`` keys, its own included (fewer near the start)::
+
+      W = 3, Nq = Nk = 6
+            k0 k1 k2 k3 k4 k5
+        q0   #  .  .  .  .  .
+        q1   #  #  .  .  .  .
+        q2   #  #  #  .  .  .
+        q3   .  #  #  #  .  .
+        q4   .  .  #  #  #  .
+        q5   .  .  .  #  #  #
+
+* Work in O(N * W), not O(N^2).  Masking the keys outside the window would give the right
+  answer and save nothing.  Instead the loop of a query block *starts* at the first key block
+  inside its first row's window, so every program loads about (W + block_m) / block_n key
+  blocks whatever the sequence length, and doubling N at a fixed W doubles the work.
+* Three ranges of key blocks per query block: the window's leading edge (masked: its first
+  blocks are only partly inside the window of some rows), the blocks inside every row's
+  window (no mask at all), and the diagonal band (masked, as in stage 5)::
+
+      Nq = Nk = 512, block_m = block_n = 64, W = 160    E leading edge  F whole  P band  . skipped
+                         key block  0  1  2  3  4  5  6  7
+          query block 0             P  .  .  .  .  .  .  .
+          query block 1             F  P  .  .  .  .  .  .
+          query block 2             E  F  P  .  .  .  .  .
+          query block 3             E  E  F  P  .  .  .  .
+          query block 4             .  E  E  F  P  .  .  .
+          query block 5             .  .  E  E  F  P  .  .
+          query block 6             .  .  .  E  E  F  P  .
+          query block 7             .  .  .  .  E  E  F  P
+
+  With a small window (W < block_m) a block has no whole blocks at all: the leading edge and
+  the band meet, and rows of one query block can have windows that share no key.  A row can
+  then meet its first tile with every key hidden: the NaN-safe update of stage 5 earns its keep
+  even when Nq = Nk.
+
+Everything of stage 6 stays: GQA/MQA (query head h reads K/V head h // (Hq // Hkv), never a
+copy), causal masking aligned bottom-right with the blocks above the diagonal skipped, and
+rows that see no key giving o = 0 and lse = -inf.
+
+``flash_attention(..., return_visits=True)`` also returns how many key blocks each program
+loaded, counted by the kernel's own loop: the tests use it to see that blocks are skipped.
+
+Conventions (kernels/reference.py): q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D) with Hq % Hkv == 0;
+returns o in q's dtype and lse (B, Hq, Nq) float32, natural log; rows that see no key give
+o = 0, lse = -inf; ``window`` needs ``causal=True``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import runtime, validate
+
+import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+import triton.language as tl  # noqa: E402
+
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = 0.6931471805599453     # ln(2):   log(x) == log2(x) * LN2
+HEAD_DIMS = (16, 256)
+
+
+def padding_waste(head_dim: int) -> float:
+    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
+
+    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
+    0.4375
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    padded = triton.next_power_of_2(head_dim)
+    return (padded - head_dim) / padded
+
+
+@triton.jit
+def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
+                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
+
+    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
+    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
+    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
+    With HAS_WINDOW it also hides keys j <= i + shift - WINDOW, which have left the window.
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < N_K
+        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            visible = col_ok[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+            # TODO(7a): with HAS_WINDOW, also hide the keys that have left the row's window:
+            # row i sees key j only if j > i + shift - WINDOW (WINDOW keys, its own included).
+            pass
+            s = tl.where(visible, s, float("-inf"))
+        # The NaN-safe online softmax of stage 5: a row that has seen no key yet has m_new = -inf.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+        visits += 1                                   # one more key block loaded (the tests count them)
+    return acc, m_i, l_i, visits
+
+
+@triton.jit
+def _flash_forward_kernel(
+    Q, K, V, O, LSE, VISITS,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, GROUP, N_Q, N_K, HEAD_DIM,   # H query heads; GROUP = Hq // Hkv of them share a K/V head
+    WINDOW,                         # keys per sliding window (used only with HAS_WINDOW)
+    qk_scale,                       # sm_scale * log2(e): scores come out in base 2
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+):
+    pid_m = tl.program_id(0)        # which block of queries
+    pid_bh = tl.program_id(1)       # which (batch, query head)
+    b = pid_bh // H
+    h = pid_bh % H
+    h_kv = h // GROUP               # the K/V head this query head shares (stage 6)
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
+    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
+    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
+    row_ok = offs_m < N_Q
+    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
+
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
+    visits = 0                                                               # key blocks loaded
+
+    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
+    shift = N_K - N_Q
+    # The key blocks this query block needs (stage 5): whole blocks [0, full_hi) that every row
+    # sees, without a mask; the band [full_hi, hi) the diagonal cuts, masked; nothing above it.
+    if CAUSAL:
+        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
+    else:
+        full_hi = N_K // BLOCK_N * BLOCK_N
+        hi = N_K
+    lo = 0
+    full_lo = 0
+    # TODO(7b): with HAS_WINDOW, skip the key blocks that are behind every row's window.
+    #   lo: the first row, start_m, sees keys >= start_m + shift - WINDOW + 1: round that DOWN
+    #     to a multiple of BLOCK_N (never below 0).  The loop starts there, not at block 0.
+    #   full_lo: the last row sees keys >= start_m + BLOCK_M + shift - WINDOW: blocks starting
+    #     there or later (round UP to a multiple of BLOCK_N, never below 0) are inside every
+    #     row's window, so [full_lo, full_hi) needs no mask; [lo, full_lo) is the masked edge.
+    #   The three ranges must stay in order, lo <= full_lo <= full_hi <= hi, or a block is
+    #   visited twice.  When the window is shorter than the query block, no block is inside
+    #   every row's window and full_lo comes out past full_hi: cap it at full_hi.
+    pass
+    acc, m_i, l_i, visits = _attend_blocks(                   # the window's leading edge, masked
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+
+    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
+    o = acc / l_safe[:, None]
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=row_ok)
+    if COUNT_VISITS:
+        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+def _default_blocks(head_dim_pad: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): big tiles on a GPU, small ones for the interpreter."""
+    if not runtime.ON_GPU:
+        return 32, 32, 4, 1
+    if head_dim_pad <= 64:
+        return 128, 64, 4, 3
+    if head_dim_pad <= 128:
+        return 128, 64, 8, 2
+    return 64, 32, 4, 2
+
+
+def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sm_scale: float | None = None,
+                    block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
+    """FlashAttention forward, optionally causal with a sliding window, with GQA/MQA; returns ``(o, lse)``.
+
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 (query head h reads K/V head
+    h // (Hq // Hkv)) and 16 <= D <= 256; any Nq, Nk >= 1; any strides.
+    float16/float32 (and bfloat16 on a GPU).  ``causal=True`` aligns the diagonal bottom-right:
+    query i sees key j iff j <= i + (Nk - Nq); a row that sees no key gets o = 0, lse = -inf.
+    ``window=W`` (needs causal) keeps the W most recent keys: i' - W < j <= i', i' = i + (Nk - Nq).
+    ``block_m``/``block_n`` override the tile shape.  ``return_visits=True`` also returns an
+    int32 tensor (B, Hq, cdiv(Nq, block_m)): how many key blocks each query block's program loaded.
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sm_scale=sm_scale,
+                                                      head_dims=HEAD_DIMS)
+    runtime.check_dtype(q.dtype)
+    # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
+    head_dim_pad = triton.next_power_of_2(D)
+    bm, bn, num_warps, num_stages = _default_blocks(head_dim_pad)
+    bm = validate.block_size(block_m, "block_m") if block_m is not None else bm
+    bn = validate.block_size(block_n, "block_n") if block_n is not None else bn
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+
+    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
+    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
+    grid = (triton.cdiv(Nq, bm), B * Hq)                                     # one program per query head
+    visits = torch.empty(B, Hq, grid[0], device=q.device, dtype=torch.int32) if return_visits else None
+    _flash_forward_kernel[grid](
+        q, k, v, o, lse, visits,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        Hq, Hq // Hkv, Nq, Nk, D,
+        window if window is not None else 0,
+        scale * LOG2E,
+        CAUSAL=causal, HAS_WINDOW=window is not None, COUNT_VISITS=return_visits,
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim_pad,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return (o, lse, visits) if return_visits else (o, lse)
+
+
