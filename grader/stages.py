@@ -57,6 +57,7 @@ STAGES: list[Stage] = [
           "07_sliding_window.ipynb", "CPU or GPU"),
     Stage(8, "stage8_sinks", "attention sinks: sink tokens and learned sinks",
           "08_sinks.ipynb", "CPU or GPU"),
+    Stage(9, "stage9_backward", "the backward pass: dQ, dK, dV and d(sinks)", "09_backward.ipynb", "CPU or GPU"),
 ]
 
 

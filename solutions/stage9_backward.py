@@ -1,0 +1,725 @@
+"""Stage 9: the backward pass, from the saved log-sum-exp.
+
+What you will learn
+-------------------
+* Why the backward needs nothing of size N^2: the forward saves ``o`` and ``lse``, and every
+  tile of the attention matrix is rebuilt on the fly as ``p = exp(s - lse)``.
+* The three kernels of FlashAttention-2's backward and why there are three:
+    1. a preprocess that computes ``delta = rowsum(dO * O)`` per query row (and here the
+       gradient of the learned sinks, which needs nothing else);
+    2. a dK/dV kernel with one program per (key block, KV head) that walks down the query
+       blocks that can see its keys, and over the query heads of its GQA group, so the
+       group's contributions are summed in registers: no atomics, no expanded K/V copies;
+    3. a dQ kernel with one program per (query block, query head) that walks across the key
+       blocks exactly as the forward does.
+* The same block skipping as the forward (causal, sliding window, sink tokens), seen from
+  both sides: a key block is visited by the query blocks that see it, and by no other.
+* An ``autograd.Function`` that ties the forward and the backward together.
+
+The forward is stage 8's, complete and given: only the backward has TODOs (9a, 9b, 9c).
+
+The derivation, for one query head (``S = scale * Q K^T``, ``P = exp(S - lse)``, ``O = P V``)::
+
+    dV  = P^T dO                         (Nk, D)
+    dP  = dO V^T                         (Nq, Nk)   one tile at a time, never whole
+    dS  = P o (dP - delta)               delta[i] = sum_j P[i, j] dP[i, j] = rowsum(dO o O)[i]
+    dQ  = scale * dS K                   (Nq, D)
+    dK  = scale * dS^T Q                 (Nk, D)
+
+A learned sink is a virtual key with logit ``sinks[h]`` and value zero, so its ``dP`` is
+zero and ``delta`` is unchanged; its own ``dS`` column is ``exp(sinks[h] - lse) * (0 - delta)``::
+
+    dsinks[h] = -sum over b, i of exp(sinks[h] - lse[b, h, i]) * delta[b, h, i]
+
+Conventions (kernels/reference.py): q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), Hq % Hkv == 0;
+causal aligned bottom-right; ``window`` needs ``causal``; ``sink_tokens`` keys stay visible
+whatever the window; ``sinks`` (Hq,) float32 logits.  A row that sees no key has zero
+gradients, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels import runtime, validate
+
+import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+import triton.language as tl  # noqa: E402
+
+# =============================================================================================
+# The forward pass: stage 8's, complete (causal, GQA, sliding window, sink tokens, learned sinks).
+# =============================================================================================
+
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = 0.6931471805599453     # ln(2):   log(x) == log2(x) * LN2
+HEAD_DIMS = (16, 256)
+
+
+def padding_waste(head_dim: int) -> float:
+    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
+
+    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
+    0.4375
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    padded = triton.next_power_of_2(head_dim)
+    return (padded - head_dim) / padded
+
+
+@triton.jit
+def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
+                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
+
+    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
+    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
+    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
+    With HAS_WINDOW it also hides keys j <= i + shift - WINDOW, which have left the window,
+    except the sink tokens j < SINK_TOKENS.
+    """
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < N_K
+        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            visible = col_ok[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+            if HAS_WINDOW:
+                in_window = cols[None, :] > offs_m[:, None] + shift - WINDOW
+                in_window = in_window | (cols[None, :] < SINK_TOKENS)
+                visible = visible & in_window
+            s = tl.where(visible, s, float("-inf"))
+        # The NaN-safe online softmax of stage 5: a row that has seen no key yet has m_new = -inf.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+        visits += 1                                   # one more key block loaded (the tests count them)
+    return acc, m_i, l_i, visits
+
+
+@triton.jit
+def _flash_forward_kernel(
+    Q, K, V, O, LSE, SINKS, VISITS,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, GROUP, N_Q, N_K, HEAD_DIM,   # H query heads; GROUP = Hq // Hkv of them share a K/V head
+    WINDOW,                         # keys per sliding window (used only with HAS_WINDOW)
+    SINK_TOKENS,                    # the first SINK_TOKENS keys stay visible whatever the window
+    qk_scale,                       # sm_scale * log2(e): scores come out in base 2
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, COUNT_VISITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+):
+    pid_m = tl.program_id(0)        # which block of queries
+    pid_bh = tl.program_id(1)       # which (batch, query head)
+    b = pid_bh // H
+    h = pid_bh % H
+    h_kv = h // GROUP               # the K/V head this query head shares (stage 6)
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
+    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
+    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
+    row_ok = offs_m < N_Q
+    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
+
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
+
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
+    visits = 0                                                               # key blocks loaded
+    if HAS_SINKS:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + h) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+
+    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
+    shift = N_K - N_Q
+    # The key blocks this query block needs (stage 5): whole blocks [0, full_hi) that every row
+    # sees, without a mask; the band [full_hi, hi) the diagonal cuts, masked; nothing above it.
+    if CAUSAL:
+        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
+    else:
+        full_hi = N_K // BLOCK_N * BLOCK_N
+        hi = N_K
+    # With a window (stage 7): [lo, full_lo) is its masked leading edge, [full_lo, full_hi) the
+    # blocks inside every row's window; lo <= full_lo <= full_hi <= hi.
+    lo = 0
+    full_lo = 0
+    sink_hi = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+        full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        full_lo = tl.minimum(full_lo, full_hi)
+        sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)
+    acc, m_i, l_i, visits = _attend_blocks(                   # the sink tokens behind the window, masked
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # the window's leading edge, masked
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
+        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
+        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+
+    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
+    # With a learned sink it ends with l_i = 1 and m_i = the sink: o = 0 and lse = sinks[h].
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
+    o = acc / l_safe[:, None]
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=row_ok)
+    if COUNT_VISITS:
+        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+def _default_blocks(head_dim_pad: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): big tiles on a GPU, small ones for the interpreter."""
+    if not runtime.ON_GPU:
+        return 32, 32, 4, 1
+    if head_dim_pad <= 64:
+        return 128, 64, 4, 3
+    if head_dim_pad <= 128:
+        return 128, 64, 8, 2
+    return 64, 32, 4, 2
+
+
+def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
+                    sinks: torch.Tensor | None = None, sm_scale: float | None = None,
+                    block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
+    """FlashAttention forward with every feature of the workbook; returns ``(o, lse)``.
+
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 (query head h reads K/V head
+    h // (Hq // Hkv)) and 16 <= D <= 256; any Nq, Nk >= 1; any strides.
+    float16/float32 (and bfloat16 on a GPU).  ``causal=True`` aligns the diagonal bottom-right:
+    query i sees key j iff j <= i + (Nk - Nq); a row that sees no key gets o = 0, lse = -inf.
+    ``window=W`` (needs causal) keeps the W most recent keys: i' - W < j <= i', i' = i + (Nk - Nq).
+    ``sink_tokens=S`` keeps keys j < S visible whatever the window (never past the diagonal).
+    ``sinks``: float32 (Hq,) learned logits, one virtual zero-valued key per query head added to
+    every row's softmax denominator; lse includes it, and a row with no visible key gets
+    o = 0, lse = sinks[h].
+    ``block_m``/``block_n`` override the tile shape.  ``return_visits=True`` also returns an
+    int32 tensor (B, Hq, cdiv(Nq, block_m)): how many key blocks each query block's program loaded.
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                                      sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
+    runtime.check_dtype(q.dtype)
+    # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
+    head_dim_pad = triton.next_power_of_2(D)
+    bm, bn, num_warps, num_stages = _default_blocks(head_dim_pad)
+    bm = validate.block_size(block_m, "block_m") if block_m is not None else bm
+    bn = validate.block_size(block_n, "block_n") if block_n is not None else bn
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+
+    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
+    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
+    grid = (triton.cdiv(Nq, bm), B * Hq)                                     # one program per query head
+    visits = torch.empty(B, Hq, grid[0], device=q.device, dtype=torch.int32) if return_visits else None
+    sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
+    _flash_forward_kernel[grid](
+        q, k, v, o, lse, sinks, visits,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        Hq, Hq // Hkv, Nq, Nk, D,
+        window if window is not None else 0,
+        sink_tokens,
+        scale * LOG2E,
+        CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None, COUNT_VISITS=return_visits,
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim_pad,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return (o, lse, visits) if return_visits else (o, lse)
+
+
+# =============================================================================================
+# The backward pass.
+# =============================================================================================
+
+@triton.jit
+def _visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.constexpr):
+    """May query ``q_idx`` see key ``kv_idx``?  Causal, bottom-right aligned (kernels/masks.py).
+
+    ``q_idx`` and ``kv_idx`` broadcast against each other, like the mask functions: a column
+    of queries and a row of keys give a (queries, keys) tile, and the transposes a (keys,
+    queries) tile.
+    """
+    pos = q_idx + (N_K - N_Q)                       # the query's position among the keys
+    ok = kv_idx <= pos
+    if HAS_WINDOW:
+        ok = ok & ((kv_idx > pos - WINDOW) | (kv_idx < SINK_TOKENS))
+    return ok
+
+
+@triton.jit
+def _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
+                     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The query rows [lo, hi) that can see some key of the block starting at ``start_n``.
+
+    Causal: the first query that sees key j is j - (Nk - Nq), so start at the query block
+    holding it (the diagonal) and go down.  A window: key j drops out of the window after
+    query j - (Nk - Nq) + W - 1, so stop there.  Sink tokens never drop out.
+    """
+    lo = 0
+    hi = N_Q
+    if CAUSAL:
+        offset = N_K - N_Q
+        lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        if HAS_WINDOW:
+            window_hi = tl.minimum(start_n + BLOCK_N - 1 - offset + WINDOW, N_Q)
+            hi = tl.where(start_n < SINK_TOKENS, N_Q, window_hi)
+    return lo, hi
+
+
+@triton.jit
+def _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
+                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keys the query block starting at ``start_m`` can see, as in the forward:
+    sink-token blocks [0, sink_hi), then the causal (or windowed) range [lo, hi).
+
+    Causal: the block's last query sees up to key start_m + BLOCK_M - 1 + (Nk - Nq).  A window:
+    its first query sees nothing before start_m + (Nk - Nq) - W + 1.  The two ranges never
+    overlap: sink_hi <= lo.
+    """
+    lo = 0
+    hi = N_K
+    sink_hi = 0
+    if CAUSAL:
+        offset = N_K - N_Q
+        hi = tl.maximum(tl.minimum(start_m + BLOCK_M + offset, N_K), 0)
+        if HAS_WINDOW:
+            lo = tl.maximum(start_m + offset - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+            sink_hi = tl.minimum(tl.cdiv(SINK_TOKENS, BLOCK_N) * BLOCK_N, lo)
+    return sink_hi, lo, hi
+
+
+@triton.jit
+def _bwd_preprocess_kernel(
+    O, DO, LSE, DELTA, SINKS, DSINKS_PART,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    H, N_Q, HEAD_DIM,
+    BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HAS_SINKS: tl.constexpr,
+):
+    pid_m = tl.program_id(0)        # which block of query rows
+    pid_bh = tl.program_id(1)       # which (batch, query head)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    row_ok = offs_m < N_Q
+    tile_ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    do_ptrs = DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod
+
+    # TODO(9a): load the O and dO tiles (zeros outside), compute delta = rowsum(dO * O) in float32
+    # and store it to DELTA[pid_bh * N_Q + row] for the real rows.  With learned sinks, also load
+    # the rows' lse (natural log) and this head's sink logit, and store this block's share of the
+    # sink gradient, -sum over rows of exp(sink - lse) * delta, to DSINKS_PART[pid_bh, pid_m]
+    # (a (B*H, number of query blocks) buffer that the wrapper sums: deterministic, no atomics).
+    # BEGIN SOLUTION stub=pass
+    o = tl.load(o_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+    do = tl.load(do_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, axis=1)                                            # (BLOCK_M,)
+    tl.store(DELTA + pid_bh * N_Q + offs_m, delta, mask=row_ok)
+    if HAS_SINKS:
+        lse = tl.load(LSE + pid_bh * N_Q + offs_m, mask=row_ok, other=float("inf"))
+        p_sink = tl.exp2((tl.load(SINKS + h) - lse) * 1.4426950408889634)     # the sink's share of each row
+        tl.store(DSINKS_PART + pid_bh * tl.num_programs(0) + pid_m, -tl.sum(p_sink * delta))
+    # END SOLUTION
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA, VISITS,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H_Q, H_KV, GROUP, N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS,
+    sm_scale, qk_scale,             # qk_scale = sm_scale * log2(e): scores in base 2, as in the forward
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
+):
+    pid_n = tl.program_id(0)        # which block of keys
+    pid_bh = tl.program_id(1)       # which (batch, KV head)
+    b = pid_bh // H_KV
+    kv_h = pid_bh % H_KV
+    start_n = pid_n * BLOCK_N
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)                  # key rows of this program
+    offs_m = tl.arange(0, BLOCK_M)                            # query rows within a block
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d < HEAD_DIM
+    kv_ok = (offs_n < N_K)[:, None] & d_ok[None, :]
+    k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=kv_ok, other=0.0)                        # (BLOCK_N, HEAD_DIM_PAD)
+    v = tl.load(V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+
+    lo, hi = _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+    for g in range(GROUP):                                    # every query head that reads this KV head
+        h = kv_h * GROUP + g
+        q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :] * stride_qd
+        do_base = DO + b * stride_dob + h * stride_doh + offs_d[None, :] * stride_dod
+        stats = (b * H_Q + h) * N_Q                           # this head's rows in LSE and DELTA
+        for start_m in range(lo, hi, BLOCK_M):
+            rows = start_m + offs_m
+            row_ok = rows < N_Q
+            # TODO(9b): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
+            # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
+            # (BLOCK_N, BLOCK_M) tile, and zero it where a key is not visible (with CAUSAL, use
+            # _visible(rows[None, :], offs_n[:, None], ...)) and for rows past N_Q (load their lse as
+            # +inf).  A row that sees no key has lse = -inf: make it +inf too, so its p is
+            # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
+            # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
+            # (cast pT and dsT to the inputs' dtype for tl.dot, as the forward casts p).
+            # BEGIN SOLUTION stub=pass
+            tile_ok = row_ok[:, None] & d_ok[None, :]
+            q = tl.load(q_base + rows[:, None] * stride_qn, mask=tile_ok, other=0.0)     # (BLOCK_M, D)
+            do = tl.load(do_base + rows[:, None] * stride_don, mask=tile_ok, other=0.0)
+            lse = tl.load(LSE + stats + rows, mask=row_ok, other=float("inf"))
+            lse = tl.where(lse == float("-inf"), float("inf"), lse)                     # empty rows: p = 0
+            delta = tl.load(DELTA + stats + rows, mask=row_ok, other=0.0)
+            s_t = tl.dot(k, tl.trans(q)) * qk_scale                                     # (BLOCK_N, BLOCK_M)
+            if CAUSAL:
+                seen = _visible(rows[None, :], offs_n[:, None], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
+                s_t = tl.where(seen, s_t, float("-inf"))
+            p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)                      # 0 where masked
+            dv += tl.dot(p_t.to(do.dtype), do)
+            dp_t = tl.dot(v, tl.trans(do))                                              # (BLOCK_N, BLOCK_M)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += tl.dot(ds_t.to(q.dtype), q)
+            # END SOLUTION
+            if COUNT_VISITS:                                  # this program owns its column of the map
+                tile = VISITS + ((b * H_Q + h) * tl.cdiv(N_Q, BLOCK_M) + start_m // BLOCK_M) * tl.num_programs(0) + pid_n
+                tl.store(tile, tl.load(tile) + 1)
+
+    dk = dk * sm_scale                                        # dS was taken w.r.t. the scaled scores
+    tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             dk.to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn,
+               lo, hi, N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
+               BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr):
+    """dq += dS @ K over the key blocks [lo, hi), for the query tile ``q``."""
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < N_K
+        # TODO(9c): load the K and V tiles of these keys (zeros outside), rebuild
+        # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and zero it where a key is past N_K or,
+        # with CAUSAL, not visible (_visible(rows[:, None], cols[None, :], ...)).  Then
+        # dp = dO @ v^T, ds = p * (dp - delta) and dq += ds @ k.
+        # BEGIN SOLUTION stub=pass
+        tile_ok = col_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + cols[:, None] * stride_kn, mask=tile_ok, other=0.0)    # (BLOCK_N, D)
+        v = tl.load(v_base + cols[:, None] * stride_vn, mask=tile_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale                                        # (BLOCK_M, BLOCK_N)
+        seen = col_ok[None, :]
+        if CAUSAL:
+            seen = seen & _visible(rows[:, None], cols[None, :], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
+        s = tl.where(seen, s, float("-inf"))
+        p = tl.exp2(s - lse[:, None] * 1.4426950408889634)                           # 0 where masked
+        dp = tl.dot(do, tl.trans(v))                                                 # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+        # END SOLUTION
+        if COUNT_VISITS:
+            tl.store(visits_row + start_n // BLOCK_N, tl.load(visits_row + start_n // BLOCK_N) + 1)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, VISITS,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H_Q, GROUP, N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS,
+    sm_scale, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
+):
+    pid_m = tl.program_id(0)        # which block of queries
+    pid_bh = tl.program_id(1)       # which (batch, query head)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    kv_h = h // GROUP               # GQA: the KV head this query head reads
+    start_m = pid_m * BLOCK_M
+
+    rows = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    row_ok = rows < N_Q
+    tile_ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                mask=tile_ok, other=0.0)                      # (BLOCK_M, HEAD_DIM_PAD)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :] * stride_dod,
+                 mask=tile_ok, other=0.0)
+    lse = tl.load(LSE + pid_bh * N_Q + rows, mask=row_ok, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees nothing: p = 0, not NaN
+    delta = tl.load(DELTA + pid_bh * N_Q + rows, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+
+    k_base = K + b * stride_kb + kv_h * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + b * stride_vb + kv_h * stride_vh + offs_d[None, :] * stride_vd
+    visits_row = VISITS + pid_bh * tl.num_programs(0) * tl.cdiv(N_K, BLOCK_N) + pid_m * tl.cdiv(N_K, BLOCK_N)
+    sink_hi, lo, hi = _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
+                    N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
+                    BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, lo, hi,
+                    N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
+                    BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+
+    dq = dq * sm_scale
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=tile_ok)
+
+
+def _backward_blocks(head_dim_pad: int) -> tuple[tuple[int, int], tuple[int, int], int, int]:
+    """((dK/dV BLOCK_M, BLOCK_N), (dQ BLOCK_M, BLOCK_N), num_warps, num_stages).
+
+    dK/dV keeps a tall key block resident and streams short query blocks past it; dQ the
+    other way round (as Triton's fused-attention tutorial does).  The interpreter gets tiles
+    of the same shapes, smaller: tests with a few dozen rows still cross block edges, and
+    the preprocess uses the dQ kernel's query blocks.
+    """
+    if not runtime.ON_GPU:
+        return (32, 64), (64, 32), 4, 1
+    if head_dim_pad <= 64:
+        return (32, 128), (128, 32), 4, 3
+    if head_dim_pad <= 128:
+        return (32, 128), (128, 32), 8, 2
+    return (16, 64), (64, 16), 8, 1
+
+
+def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
+                             sm_scale=None, return_visits=False):
+    """Gradients ``(dq, dk, dv, dsinks)`` of ``o`` from the forward's ``o`` and ``lse`` and ``do``.
+
+    Shapes as the forward: dq like q, dk and dv like k and v, dsinks like sinks (None without).
+    Nothing of size Nq x Nk is ever allocated: extra memory is delta (B, Hq, Nq) float32 and a
+    few floats per query block for the sink gradient.
+
+    ``return_visits=True`` also returns, for each kernel, how many times it processed each
+    (query block, key block) tile of each (batch, query head): int32 tensors
+    (B, Hq, query blocks, key blocks) in that kernel's own tile shape.  The tests and the
+    notebook's pictures use them to see which blocks are skipped.
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
+        q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale,
+        head_dims=HEAD_DIMS)
+    runtime.check_dtype(q.dtype)
+    if do.shape != q.shape:
+        raise ValueError(f"do must have o's shape {tuple(q.shape)}, got {tuple(do.shape)}")
+    head_dim_pad = triton.next_power_of_2(D)
+    (bm1, bn1), (bm2, bn2), num_warps, num_stages = _backward_blocks(head_dim_pad)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    group = Hq // Hkv
+    has_window = window is not None
+    flags = dict(CAUSAL=causal, HAS_WINDOW=has_window, HEAD_DIM_PAD=head_dim_pad,
+                 num_warps=num_warps, num_stages=num_stages)
+    w, s_tok = (window if has_window else 0), sink_tokens
+
+    # 1. delta = rowsum(dO * O), and the learned sinks' gradient.
+    n_mblocks = triton.cdiv(Nq, bm2)
+    delta = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)          # (B, Hq, Nq)
+    dsinks_part = torch.empty(B, Hq, n_mblocks, device=q.device, dtype=torch.float32)
+    _bwd_preprocess_kernel[(n_mblocks, B * Hq)](
+        o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
+        *o.stride(), *do.stride(), Hq, Nq, D,
+        BLOCK_M=bm2, HEAD_DIM_PAD=head_dim_pad, HAS_SINKS=sinks is not None)
+    dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
+
+    visits_dkdv = visits_dq = delta                                   # placeholders, never touched
+    if return_visits:
+        visits_dkdv = torch.zeros(B, Hq, triton.cdiv(Nq, bm1), triton.cdiv(Nk, bn1), device=q.device, dtype=torch.int32)
+        visits_dq = torch.zeros(B, Hq, n_mblocks, triton.cdiv(Nk, bn2), device=q.device, dtype=torch.int32)
+
+    # 2. dK and dV: one program per (key block, batch x KV head).
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    _bwd_dkdv_kernel[(triton.cdiv(Nk, bn1), B * Hkv)](
+        q, k, v, do, dk, dv, lse, delta, visits_dkdv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        Hq, Hkv, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E,
+        BLOCK_M=bm1, BLOCK_N=bn1, COUNT_VISITS=return_visits, **flags)
+
+    # 3. dQ: one program per (query block, batch x query head).
+    dq = torch.empty_like(q)
+    _bwd_dq_kernel[(n_mblocks, B * Hq)](
+        q, k, v, do, dq, lse, delta, visits_dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        Hq, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E,
+        BLOCK_M=bm2, BLOCK_N=bn2, COUNT_VISITS=return_visits, **flags)
+    if return_visits:
+        return dq, dk, dv, dsinks, visits_dkdv, visits_dq
+    return dq, dk, dv, dsinks
+
+
+class _Attention(torch.autograd.Function):
+    """o = attention(q, k, v): the forward saves q, k, v, o, lse (and sinks), nothing N^2."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, window, sink_tokens, sinks, sm_scale):
+        o, lse = flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                 sinks=sinks, sm_scale=sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
+        ctx.options = dict(causal=causal, window=window, sink_tokens=sink_tokens, sm_scale=sm_scale)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = flash_attention_backward(q, k, v, o, lse, do, sinks=sinks, **ctx.options)
+        return dq, dk, dv, None, None, None, dsinks, None
+
+
+def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
+    """Differentiable FlashAttention: ``o``, with gradients for q, k, v and sinks.
+
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); sinks: (Hq,) float32 or None.  Every option of
+    the forward (causal, window, sink_tokens, sinks, sm_scale); see kernels/reference.py.
+    """
+    return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain functions for the grader and the notebook.  The grader runs your code in a process of
+# its own, and autograd graphs cannot cross between processes, so it calls these instead.
+# ---------------------------------------------------------------------------------------------
+
+def attention_backward_check(q, k, v, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
+                             sm_scale=None):
+    """Run ``attention`` forward, ``o.backward(do)``; return ``(o, dq, dk, dv, dsinks)``."""
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    sinks = sinks.detach().requires_grad_(True) if sinks is not None else None
+    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
+    o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad, (sinks.grad if sinks is not None else None)
+
+
+def backward_visits(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
+    """Which tiles each backward kernel processes: ``{"dkdv": ..., "dq": ...}`` visit counts
+    (B, Hq, query blocks, key blocks), and each kernel's tile shape ``(BLOCK_M, BLOCK_N)``."""
+    o, lse = flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks,
+                             sm_scale=sm_scale)
+    *_, visits_dkdv, visits_dq = flash_attention_backward(
+        q, k, v, o, lse, torch.ones_like(o), causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks,
+        sm_scale=sm_scale, return_visits=True)
+    dkdv_blocks, dq_blocks, *_ = _backward_blocks(triton.next_power_of_2(q.shape[-1]))
+    return {"dkdv": visits_dkdv, "dq": visits_dq, "dkdv_blocks": dkdv_blocks, "dq_blocks": dq_blocks}
+
+
+def saved_for_backward(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
+    """Shapes of every tensor the forward keeps for the backward (saved, or stored on ctx)."""
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
+    node = o.grad_fn
+    kept = [t for t in node.saved_tensors if t is not None]
+    kept += [t for t in vars(node).values() if isinstance(t, torch.Tensor)]
+    return [tuple(t.shape) for t in kept]
+
+
+def peak_memory_report(*, n=32768, head_dim=128, batch=1, heads=8, kv_heads=8, dtype=torch.bfloat16,
+                       causal=True, window=None, sink_tokens=0, learned_sinks=True, verbose=True):
+    """GPU only: peak memory of forward + backward against the tensors it cannot avoid.
+
+    Those are q, k, v, dO (inputs), o (output) and dq, dk, dv (gradients).  FlashAttention's
+    promise is that nothing else of note is allocated; a budget of 1.2x their size allows
+    for lse, delta and the allocator's rounding, and is three orders of magnitude below the
+    Nq x Nk matrix a plain implementation would keep (n = 32768: 8 GiB per head in bf16).
+    Returns a dict of byte counts.
+    """
+    if not runtime.ON_GPU:
+        raise RuntimeError("peak_memory_report needs a CUDA GPU: the CPU interpreter does not track device memory")
+    g = runtime.manual_seed(0)
+    q = runtime.randn(batch, heads, n, head_dim, dtype=dtype, generator=g).requires_grad_(True)
+    k, v = (runtime.randn(batch, kv_heads, n, head_dim, dtype=dtype, generator=g).requires_grad_(True)
+            for _ in range(2))
+    do = runtime.randn(batch, heads, n, head_dim, dtype=dtype, generator=g)
+    sinks = runtime.randn(heads, generator=g).requires_grad_(True) if learned_sinks else None
+    attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks).backward(do)  # compile
+    q.grad = k.grad = v.grad = None
+    if sinks is not None:
+        sinks.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks)
+    o.backward(do)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    needed = sum(t.numel() * t.element_size() for t in (q, k, v, do, o, q.grad, k.grad, v.grad))
+    report = dict(peak_bytes=peak, needed_bytes=needed, budget_bytes=int(1.2 * needed),
+                  quadratic_bytes=batch * heads * n * n * torch.finfo(dtype).bits // 8)
+    if verbose:
+        mib = 2 ** 20
+        print(f"B{batch} Hq{heads} Hkv{kv_heads} N{n} D{head_dim} {dtype}: peak {peak / mib:.0f} MiB; "
+              f"q, k, v, dO, o, dq, dk, dv take {needed / mib:.0f} MiB; budget 1.2x = {1.2 * needed / mib:.0f} MiB; "
+              f"one N x N score matrix per head would be {report['quadratic_bytes'] / mib:.0f} MiB")
+    return report
+
+
+# BEGIN SOLUTION stub=
+if __name__ == "__main__":
+    from kernels import reference
+    gen = runtime.manual_seed(0)
+    q = runtime.randn(2, 4, 150, 64, generator=gen).requires_grad_(True)
+    k, v = (runtime.randn(2, 2, 130, 64, generator=gen).requires_grad_(True) for _ in range(2))
+    sinks = torch.tensor([-30.0, 0.0, 1.5, 30.0], device=q.device, requires_grad=True)
+    do = runtime.randn(2, 4, 150, 64, generator=gen)
+    for opts in (dict(), dict(causal=True), dict(causal=True, window=32, sink_tokens=4)):
+        grads = torch.autograd.grad(attention(q, k, v, sinks=sinks, **opts), (q, k, v, sinks), do)
+        leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)] + [sinks.detach().clone().requires_grad_(True)]
+        o_ref, _ = reference.attention(*leaves[:3], sinks=leaves[3], **opts)
+        refs = torch.autograd.grad(o_ref, leaves, do.double())
+        print(f"{opts or 'no mask'}, GQA 4/2, learned sinks: max |grad - ref| " + ", ".join(
+            f"{n} {(g.double() - r).abs().max().item():.1e}" for n, g, r in zip(("dq", "dk", "dv", "dsinks"), grads, refs)))
+    if runtime.ON_GPU:
+        from triton.testing import do_bench
+        q = torch.randn(1, 64, 8192, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(1, 8, 8192, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        sinks = torch.zeros(64, device="cuda", requires_grad=True)
+        do = torch.randn_like(q)
+        for opts in (dict(causal=True), dict(causal=True, window=128, sinks=sinks)):
+            ms = do_bench(lambda: attention(q, k, v, **opts).backward(do), grad_to_none=[q, k, v, sinks],
+                          return_mode="median")
+            print(f"gpt-oss-like shapes (Hq 64, Hkv 8, N 8192, D 64, bf16), {sorted(opts)}: fwd+bwd {ms:.3f} ms")
+        peak_memory_report()
+# END SOLUTION

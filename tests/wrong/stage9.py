@@ -1,0 +1,50 @@
+"""Wrong stage 9 solutions the checks must reject."""
+
+from grader.mutants import Mutant
+
+MUTANTS = [
+    Mutant("no_gqa_reduction", "the dK/dV program adds only the first query head of its group",
+           edits=[("for g in range(GROUP):", "for g in range(1):")],
+           caught_by=["gqa_and_mqa_gradients"]),
+    Mutant("dsinks_sign_flipped", "returns +sum exp(sinks - lse) * delta: the sink gradient with the wrong sign",
+           edits=[("-tl.sum(p_sink * delta))", "tl.sum(p_sink * delta))")],
+           caught_by=["learned_sink_gradients"]),
+    Mutant("sink_gradient_left_out", "the preprocess computes delta but not the sink's share, so dsinks = 0",
+           edits=[("-tl.sum(p_sink * delta))", "0.0 * tl.sum(p_sink * delta))")],
+           caught_by=["learned_sink_gradients"]),
+    Mutant("lse_without_sink", "the backward rebuilds P from an lse without the sink, as if each row summed to 1",
+           edits=[("ctx.save_for_backward(q, k, v, o, lse, sinks)",
+                   "ctx.save_for_backward(q, k, v, o, lse if sinks is None else "
+                   "lse + torch.log(-torch.expm1((sinks.view(1, -1, 1) - lse).clamp(max=0))), sinks)")],
+           caught_by=["learned_sink_gradients"]),
+    Mutant("dkdv_misses_diagonal_block", "rounds the first query block UP, skipping the partly visible diagonal one",
+           edits=[("lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M",
+                   "lo = (tl.maximum(start_n - offset, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M")],
+           caught_by=["causal_gradients"]),
+    Mutant("dq_misses_diagonal_block", "the dQ loop stops at the block's first row's keys, missing the diagonal block",
+           edits=[("hi = tl.maximum(tl.minimum(start_m + BLOCK_M + offset, N_K), 0)",
+                   "hi = tl.maximum(tl.minimum(start_m + offset, N_K), 0)")],
+           caught_by=["causal_gradients"]),
+    Mutant("dkdv_visits_every_query_block", "right gradients, but the dK/dV kernel walks every query block "
+           "and masks what it should have skipped",
+           edits=[("lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M", "lo = 0")],
+           caught_by=["backward_skips_blocks"]),
+    Mutant("dkdv_window_too_short", "the dK/dV loop stops at the diagonal, forgetting the queries a window adds below",
+           edits=[("window_hi = tl.minimum(start_n + BLOCK_N - 1 - offset + WINDOW, N_Q)",
+                   "window_hi = tl.minimum(start_n + BLOCK_N - offset, N_Q)")],
+           caught_by=["window_gradients", "gpu_half_gradients"]),
+    Mutant("dq_skips_sink_token_blocks", "the dQ kernel visits only the window, never the sink-token blocks",
+           edits=[("sink_hi = tl.minimum(tl.cdiv(SINK_TOKENS, BLOCK_N) * BLOCK_N, lo)", "sink_hi = 0")],
+           caught_by=["sink_token_gradients", "gpu_half_gradients"]),
+    Mutant("nan_on_empty_rows", "keeps lse = -inf for rows that see no key, so exp2(-inf - -inf) = NaN",
+           edits=[('lse = tl.where(lse == float("-inf"), float("inf"), lse)                     # empty rows: p = 0',
+                   "pass"),
+                  ('lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees nothing: p = 0, not NaN',
+                   "pass")],
+           caught_by=["empty_rows_zero_gradients"]),
+    Mutant("saves_score_matrix", "keeps the Nq x Nk score matrix for the backward",
+           edits=[("ctx.save_for_backward(q, k, v, o, lse, sinks)",
+                   "ctx.save_for_backward(q, k, v, o, lse, sinks, "
+                   "q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2))")],
+           caught_by=["saves_nothing_quadratic"]),
+]
