@@ -145,7 +145,8 @@ def _flash_forward_kernel(
     # Without CAUSAL every key is visible: the whole blocks are the ones that end by N_K, and
     # the band is the partial last block, if any.  (Round down with // only on values >= 0:
     # Triton's integer division truncates toward zero, like C, so -5 // 4 is -1, not -2.)
-    # BEGIN SOLUTION stub=pass
+    # Until you do, the stub visits every key block with the mask: right answers, N^2 work.
+    # BEGIN SOLUTION stub=full_hi, hi = 0, N_K
     if CAUSAL:
         full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
         hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)

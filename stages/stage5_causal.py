@@ -132,7 +132,8 @@ def _flash_forward_kernel(
     # Without CAUSAL every key is visible: the whole blocks are the ones that end by N_K, and
     # the band is the partial last block, if any.  (Round down with // only on values >= 0:
     # Triton's integer division truncates toward zero, like C, so -5 // 4 is -1, not -2.)
-    pass
+    # Until you do, the stub visits every key block with the mask: right answers, N^2 work.
+    full_hi, hi = 0, N_K
     acc, m_i, l_i, visits = _attend_blocks(
         acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, full_hi,
         offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
