@@ -30,7 +30,6 @@ import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET
 import triton.language as tl  # noqa: E402
 
 LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
-LN2 = 0.6931471805599453     # ln(2):   log(x) == log2(x) * LN2
 HEAD_DIMS = (16, 256)
 
 
@@ -108,7 +107,8 @@ def _flash_forward_kernel(
     # TODO(3c): normalise acc by l_i and store it in O's dtype (only real rows and real head-dim
     # columns), and store lse = (m_i + log2(l_i)) * ln(2) for the real rows: natural log, like the
     # reference.  Write ln(2) as the number 0.6931471805599453: compiled for a GPU, a kernel may
-    # only read module-level globals that are tl.constexpr, so LN2 works in the interpreter only.
+    # only read module-level globals that are tl.constexpr, so a plain Python constant works in
+    # the interpreter only.
     # BEGIN SOLUTION stub=pass
     o = acc / l_i[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od

@@ -55,7 +55,6 @@ import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET
 import triton.language as tl  # noqa: E402
 
 LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
-LN2 = 0.6931471805599453     # ln(2):   log(x) == log2(x) * LN2
 HEAD_DIMS = (16, 256)
 
 
