@@ -26,7 +26,7 @@ class Mutant:
     name: str
     why: str
     edits: list[tuple[str, str]]
-    caught_by: list[str] = field(default_factory=list)   # checks that can catch it: one that runs must
+    caught_by: list[str] = field(default_factory=list)   # checks that reject it (on a GPU: at least one)
     file: str = ".py"                                    # which of the stage's files to edit
 
 
