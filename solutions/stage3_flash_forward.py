@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from kernels import runtime, validate
+from kernels import runtime, tuning, validate
 
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
@@ -49,6 +49,7 @@ def padding_waste(head_dim: int) -> float:
     # END SOLUTION
 
 
+@tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD"])
 @triton.jit
 def _flash_forward_kernel(
     Q, K, V, O, LSE,
@@ -117,17 +118,6 @@ def _flash_forward_kernel(
     # END SOLUTION
 
 
-def _default_blocks(head_dim_pad: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages): big tiles on a GPU, small ones for the interpreter."""
-    if not runtime.ON_GPU:
-        return 32, 32, 4, 1
-    if head_dim_pad <= 64:
-        return 128, 64, 4, 3
-    if head_dim_pad <= 128:
-        return 128, 64, 8, 2
-    return 64, 32, 4, 2
-
-
 def flash_attention(q, k, v, *, sm_scale: float | None = None, block_m: int | None = None,
                     block_n: int | None = None):
     """FlashAttention forward; returns ``(o, lse)``.
@@ -140,21 +130,25 @@ def flash_attention(q, k, v, *, sm_scale: float | None = None, block_m: int | No
     if Hq != Hkv:
         raise ValueError(f"q has {Hq} heads and k/v have {Hkv}; stage 3 expects the same number of heads")
     head_dim_pad = triton.next_power_of_2(D)
-    bm, bn, num_warps, num_stages = _default_blocks(head_dim_pad)
-    bm = validate.block_size(block_m, "block_m") if block_m is not None else bm
-    bn = validate.block_size(block_n, "block_n") if block_n is not None else bn
+    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
+    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
+    # The tile: timed by the autotuner on a GPU for long sequences, else fixed (kernels/tuning.py).
+    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
+                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
+                               block_n=block_n)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
 
     o = torch.empty_like(q)                                                  # (B, H, Nq, D)
     lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, H, Nq)
-    grid = (triton.cdiv(Nq, bm), B * Hq)
-    _flash_forward_kernel[grid](
+    def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
+        return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
+
+    kernel[grid](
         q, k, v, o, lse,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         Hq, Nq, Nk, D,
         scale * LOG2E,
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim_pad,
-        num_warps=num_warps, num_stages=num_stages,
+        HEAD_DIM_PAD=head_dim_pad, **tile,
     )
     return o, lse
 

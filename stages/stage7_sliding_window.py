@@ -57,7 +57,7 @@ import math
 
 import torch
 
-from kernels import runtime, validate
+from kernels import runtime, tuning, validate
 
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
@@ -115,6 +115,7 @@ def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_v
     return acc, m_i, l_i, visits
 
 
+@tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "GROUP"])
 @triton.jit
 def _flash_forward_kernel(
     Q, K, V, O, LSE, VISITS,
@@ -196,17 +197,6 @@ def _flash_forward_kernel(
         tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
 
 
-def _default_blocks(head_dim_pad: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages): big tiles on a GPU, small ones for the interpreter."""
-    if not runtime.ON_GPU:
-        return 32, 32, 4, 1
-    if head_dim_pad <= 64:
-        return 128, 64, 4, 3
-    if head_dim_pad <= 128:
-        return 128, 64, 8, 2
-    return 64, 32, 4, 2
-
-
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sm_scale: float | None = None,
                     block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
     """FlashAttention forward, optionally causal with a sliding window, with GQA/MQA; returns ``(o, lse)``.
@@ -224,24 +214,29 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     runtime.check_dtype(q.dtype)
     # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
     head_dim_pad = triton.next_power_of_2(D)
-    bm, bn, num_warps, num_stages = _default_blocks(head_dim_pad)
-    bm = validate.block_size(block_m, "block_m") if block_m is not None else bm
-    bn = validate.block_size(block_n, "block_n") if block_n is not None else bn
+    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
+    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
+    # The tile: timed by the autotuner on a GPU for long sequences, else fixed (kernels/tuning.py).
+    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
+                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
+                               block_n=block_n, counting=return_visits)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
 
     o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
     lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    grid = (triton.cdiv(Nq, bm), B * Hq)                                     # one program per query head
-    visits = torch.empty(B, Hq, grid[0], device=q.device, dtype=torch.int32) if return_visits else None
-    _flash_forward_kernel[grid](
+    def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
+        return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
+
+    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
+              if return_visits else None)                   # key blocks loaded per program
+    kernel[grid](
         q, k, v, o, lse, visits,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         Hq, Hq // Hkv, Nq, Nk, D,
         window if window is not None else 0,
         scale * LOG2E,
         CAUSAL=causal, HAS_WINDOW=window is not None, COUNT_VISITS=return_visits,
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim_pad,
-        num_warps=num_warps, num_stages=num_stages,
+        HEAD_DIM_PAD=head_dim_pad, **tile,
     )
     return (o, lse, visits) if return_visits else (o, lse)
 

@@ -43,7 +43,7 @@ import math
 
 import torch
 
-from kernels import runtime, validate
+from kernels import runtime, tuning, validate
 
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
@@ -107,6 +107,8 @@ def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_v
     return acc, m_i, l_i, visits
 
 
+@tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW",
+                                             "SINK_TOKENS", "HAS_SINKS", "GROUP"])
 @triton.jit
 def _flash_forward_kernel(
     Q, K, V, O, LSE, SINKS, VISITS,
@@ -195,17 +197,6 @@ def _flash_forward_kernel(
         tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
 
 
-def _default_blocks(head_dim_pad: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages): big tiles on a GPU, small ones for the interpreter."""
-    if not runtime.ON_GPU:
-        return 32, 32, 4, 1
-    if head_dim_pad <= 64:
-        return 128, 64, 4, 3
-    if head_dim_pad <= 128:
-        return 128, 64, 8, 2
-    return 64, 32, 4, 2
-
-
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
                     sinks: torch.Tensor | None = None, sm_scale: float | None = None,
                     block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
@@ -228,17 +219,23 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     runtime.check_dtype(q.dtype)
     # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
     head_dim_pad = triton.next_power_of_2(D)
-    bm, bn, num_warps, num_stages = _default_blocks(head_dim_pad)
-    bm = validate.block_size(block_m, "block_m") if block_m is not None else bm
-    bn = validate.block_size(block_n, "block_n") if block_n is not None else bn
+    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
+    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
+    # The tile: timed by the autotuner on a GPU for long sequences, else fixed (kernels/tuning.py).
+    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
+                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
+                               block_n=block_n, counting=return_visits)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
 
     o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
     lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    grid = (triton.cdiv(Nq, bm), B * Hq)                                     # one program per query head
-    visits = torch.empty(B, Hq, grid[0], device=q.device, dtype=torch.int32) if return_visits else None
+    def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
+        return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
+
+    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
+              if return_visits else None)                   # key blocks loaded per program
     sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
-    _flash_forward_kernel[grid](
+    kernel[grid](
         q, k, v, o, lse, sinks, visits,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         Hq, Hq // Hkv, Nq, Nk, D,
@@ -246,8 +243,7 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
         sink_tokens,
         scale * LOG2E,
         CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None, COUNT_VISITS=return_visits,
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim_pad,
-        num_warps=num_warps, num_stages=num_stages,
+        HEAD_DIM_PAD=head_dim_pad, **tile,
     )
     return (o, lse, visits) if return_visits else (o, lse)
 
@@ -255,6 +251,28 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
 # =============================================================================================
 # The backward pass.
 # =============================================================================================
+
+# Tile shapes of the two backward kernels, (BLOCK_M, BLOCK_N, num_warps, num_stages), per padded
+# head dim; the autotuner tries each row on long sequences (kernels/tuning.py) and the first
+# entry is the default.  dK/dV keeps a tall key block resident and streams short query blocks
+# past it; dQ the other way round (as Triton's fused-attention tutorial does).  Each program
+# holds two float32 accumulators of its resident block (dk and dv, or dq and the q/dO tiles),
+# so the resident side stays at 128 rows or less, and at D=256 smaller still.
+DKDV_TILES = {
+    64: [(32, 128, 4, 3), (32, 128, 4, 4), (64, 64, 4, 3), (32, 64, 4, 3), (16, 64, 4, 3)],
+    128: [(32, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3)],
+    256: [(16, 64, 8, 1), (32, 64, 4, 2), (32, 64, 8, 1)],
+}
+DQ_TILES = {
+    64: [(128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 4, 4)],
+    128: [(128, 32, 8, 2), (128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3)],
+    256: [(64, 16, 8, 1), (64, 32, 4, 2), (64, 32, 8, 1)],
+}
+# The interpreter's tiles: small, so that tests with a few dozen rows still cross block edges.
+DKDV_INTERPRETER_TILE = (32, 64, 4, 1)
+DQ_INTERPRETER_TILE = (64, 32, 4, 1)
+PREPROCESS_BLOCK_M = 128 if runtime.ON_GPU else 64     # delta's query block (its own kernel)
+
 
 @triton.jit
 def _visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.constexpr):
@@ -275,21 +293,30 @@ def _visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.conste
 def _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
                      CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The query rows [lo, hi) that can see some key of the block starting at ``start_n``.
+    """The query rows [lo, hi) that can see some key of the block starting at ``start_n``, and
+    within them the blocks [full_lo, full_hi) that see every key of it (no mask needed).
 
     Causal: the first query that sees key j is j - (Nk - Nq), so start at the query block
-    holding it (the diagonal) and go down.  A window: key j drops out of the window after
-    query j - (Nk - Nq) + W - 1, so stop there.  Sink tokens never drop out.
+    holding it (the diagonal) and go down; the block's last key is seen from row
+    start_n + BLOCK_N - 1 - (Nk - Nq) on.  A window: key j drops out of the window after
+    query j - (Nk - Nq) + W - 1, so stop there; the block's first key drops out first.  Sink
+    tokens never drop out.
     """
     lo = 0
     hi = N_Q
+    full_lo = 0
+    full_hi = N_Q
     if CAUSAL:
         offset = N_K - N_Q
         lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        full_lo = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M, hi)
         if HAS_WINDOW:
             window_hi = tl.minimum(start_n + BLOCK_N - 1 - offset + WINDOW, N_Q)
             hi = tl.where(start_n < SINK_TOKENS, N_Q, window_hi)
-    return lo, hi
+            full_lo = tl.minimum(full_lo, hi)
+            full_hi = tl.maximum(tl.minimum(tl.maximum(start_n - offset + WINDOW, 0) // BLOCK_M * BLOCK_M, hi),
+                                 full_lo)
+    return lo, full_lo, full_hi, hi
 
 
 @triton.jit
@@ -297,22 +324,31 @@ def _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
                    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The keys the query block starting at ``start_m`` can see, as in the forward:
-    sink-token blocks [0, sink_hi), then the causal (or windowed) range [lo, hi).
+    sink-token blocks [0, sink_hi), then the causal (or windowed) range [lo, hi), and within
+    it the blocks [full_lo, full_hi) that every row of the block sees whole (no mask needed).
 
-    Causal: the block's last query sees up to key start_m + BLOCK_M - 1 + (Nk - Nq).  A window:
-    its first query sees nothing before start_m + (Nk - Nq) - W + 1.  The two ranges never
-    overlap: sink_hi <= lo.
+    Causal: the block's last query sees up to key start_m + BLOCK_M - 1 + (Nk - Nq), its first
+    up to start_m + (Nk - Nq).  A window: its first query sees nothing before
+    start_m + (Nk - Nq) - W + 1, its last nothing before start_m + BLOCK_M - 1 + (Nk - Nq) - W + 1.
+    The ranges never overlap: sink_hi <= lo <= full_lo <= full_hi <= hi.
     """
     lo = 0
     hi = N_K
     sink_hi = 0
+    full_lo = 0
+    full_hi = N_K // BLOCK_N * BLOCK_N                        # the partial last block is masked
     if CAUSAL:
         offset = N_K - N_Q
         hi = tl.maximum(tl.minimum(start_m + BLOCK_M + offset, N_K), 0)
+        full_hi = tl.minimum(tl.maximum(start_m + offset + 1, 0) // BLOCK_N * BLOCK_N, hi)
         if HAS_WINDOW:
             lo = tl.maximum(start_m + offset - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
             sink_hi = tl.minimum(tl.cdiv(SINK_TOKENS, BLOCK_N) * BLOCK_N, lo)
-    return sink_hi, lo, hi
+            full_lo = tl.minimum(tl.cdiv(tl.maximum(start_m + BLOCK_M + offset - WINDOW, 0), BLOCK_N) * BLOCK_N,
+                                 full_hi)
+            full_lo = tl.maximum(full_lo, lo)
+            full_hi = tl.maximum(full_hi, full_lo)
+    return sink_hi, lo, full_lo, full_hi, hi
 
 
 @triton.jit
@@ -342,6 +378,36 @@ def _bwd_preprocess_kernel(
     pass
 
 
+@triton.jit
+def _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
+                 offs_m, offs_n, d_ok, lo, hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, visits_col, n_key_blocks,
+                 MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
+                 COUNT_VISITS: tl.constexpr):
+    """dk += dS^T @ Q and dv += P^T @ dO over the query blocks [lo, hi), for one key block.
+
+    MASKED=False is for query blocks whose every row sees every key of the block: no mask is
+    built.  MASKED=True hides the keys a row cannot see (causal diagonal, window edge).
+    """
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        row_ok = rows < N_Q
+        # TODO(9b): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
+        # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
+        # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
+        # (_visible(rows[None, :], offs_n[:, None], ...)).  Rows past N_Q: load their lse as
+        # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
+        # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
+        # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
+        # (cast pT and dsT to the inputs' dtype for tl.dot, as the forward casts p).
+        pass
+        if COUNT_VISITS:                                      # this program owns its column of the map
+            tile = visits_col + start_m // BLOCK_M * n_key_blocks
+            tl.store(tile, tl.load(tile) + 1)
+    return dk, dv
+
+
+@tuning.autotune(DKDV_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
+                                  "GROUP"])
 @triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA, VISITS,
@@ -374,27 +440,25 @@ def _bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
-    lo, hi = _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+    # The query blocks to visit: masked [lo, full_lo), whole [full_lo, full_hi), masked [full_hi, hi).
+    lo, full_lo, full_hi, hi = _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                                BLOCK_M, BLOCK_N)
+    n_key_blocks = tl.num_programs(0)
     for g in range(GROUP):                                    # every query head that reads this KV head
         h = kv_h * GROUP + g
         q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :] * stride_qd
         do_base = DO + b * stride_dob + h * stride_doh + offs_d[None, :] * stride_dod
         stats = (b * H_Q + h) * N_Q                           # this head's rows in LSE and DELTA
-        for start_m in range(lo, hi, BLOCK_M):
-            rows = start_m + offs_m
-            row_ok = rows < N_Q
-            # TODO(9b): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
-            # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
-            # (BLOCK_N, BLOCK_M) tile, and zero it where a key is not visible (with CAUSAL, use
-            # _visible(rows[None, :], offs_n[:, None], ...)) and for rows past N_Q (load their lse as
-            # +inf).  A row that sees no key has lse = -inf: make it +inf too, so its p is
-            # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
-            # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
-            # (cast pT and dsT to the inputs' dtype for tl.dot, as the forward casts p).
-            pass
-            if COUNT_VISITS:                                  # this program owns its column of the map
-                tile = VISITS + ((b * H_Q + h) * tl.cdiv(N_Q, BLOCK_M) + start_m // BLOCK_M) * tl.num_programs(0) + pid_n
-                tl.store(tile, tl.load(tile) + 1)
+        visits_col = VISITS + (b * H_Q + h) * tl.cdiv(N_Q, BLOCK_M) * n_key_blocks + pid_n
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
+                              offs_m, offs_n, d_ok, lo, full_lo, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+                              visits_col, n_key_blocks, True, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
+                              offs_m, offs_n, d_ok, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+                              visits_col, n_key_blocks, False, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
+                              offs_m, offs_n, d_ok, full_hi, hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+                              visits_col, n_key_blocks, True, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
 
     dk = dk * sm_scale                                        # dS was taken w.r.t. the scaled scores
     tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -406,24 +470,30 @@ def _bwd_dkdv_kernel(
 @triton.jit
 def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn,
                lo, hi, N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-               BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+               MASKED: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr):
-    """dq += dS @ K over the key blocks [lo, hi), for the query tile ``q``."""
+    """dq += dS @ K over the key blocks [lo, hi), for the query tile ``q``.
+
+    MASKED=False is for key blocks that every row of the tile sees whole; MASKED=True hides
+    keys past N_K and, with CAUSAL, keys a row cannot see.
+    """
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = tl.arange(0, HEAD_DIM_PAD) < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < N_K
         # TODO(9c): load the K and V tiles of these keys (zeros outside), rebuild
-        # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and zero it where a key is past N_K or,
-        # with CAUSAL, not visible (_visible(rows[:, None], cols[None, :], ...)).  Then
-        # dp = dO @ v^T, ds = p * (dp - delta) and dq += ds @ k.
+        # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and, in a MASKED block, zero it where a
+        # key is past N_K or, with CAUSAL, not visible (_visible(rows[:, None], cols[None, :], ...)).
+        # Then dp = dO @ v^T, ds = p * (dp - delta) and dq += ds @ k.
         pass
         if COUNT_VISITS:
             tl.store(visits_row + start_n // BLOCK_N, tl.load(visits_row + start_n // BLOCK_N) + 1)
     return dq
 
 
+@tuning.autotune(DQ_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
+                                "GROUP"])
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, VISITS,
@@ -460,34 +530,33 @@ def _bwd_dq_kernel(
     k_base = K + b * stride_kb + kv_h * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + b * stride_vb + kv_h * stride_vh + offs_d[None, :] * stride_vd
     visits_row = VISITS + pid_bh * tl.num_programs(0) * tl.cdiv(N_K, BLOCK_N) + pid_m * tl.cdiv(N_K, BLOCK_N)
-    sink_hi, lo, hi = _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+    # The key blocks to visit: the sink tokens [0, sink_hi) and the window's leading edge
+    # [lo, full_lo), masked; whole blocks [full_lo, full_hi); the diagonal band [full_hi, hi), masked.
+    sink_hi, lo, full_lo, full_hi, hi = _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                                       BLOCK_M, BLOCK_N)
     dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
-    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, lo, hi,
+                    True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                    True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
+                    N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
+                    False, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
+                    N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
+                    True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
 
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
 
 
-def _backward_blocks(head_dim_pad: int) -> tuple[tuple[int, int], tuple[int, int], int, int]:
-    """((dK/dV BLOCK_M, BLOCK_N), (dQ BLOCK_M, BLOCK_N), num_warps, num_stages).
-
-    dK/dV keeps a tall key block resident and streams short query blocks past it; dQ the
-    other way round (as Triton's fused-attention tutorial does).  The interpreter gets tiles
-    of the same shapes, smaller: tests with a few dozen rows still cross block edges, and
-    the preprocess uses the dQ kernel's query blocks.
-    """
-    if not runtime.ON_GPU:
-        return (32, 64), (64, 32), 4, 1
-    if head_dim_pad <= 64:
-        return (32, 128), (128, 32), 4, 3
-    if head_dim_pad <= 128:
-        return (32, 128), (128, 32), 8, 2
-    return (16, 64), (64, 16), 8, 1
+def _backward_blocks(head_dim_pad: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The untimed tiles ((dK/dV BLOCK_M, BLOCK_N), (dQ BLOCK_M, BLOCK_N)): those of short
+    sequences and of ``return_visits`` (the tables' first entries, or the interpreter's)."""
+    return (tuning.first_entry(DKDV_TILES, head_dim_pad, DKDV_INTERPRETER_TILE)[:2],
+            tuning.first_entry(DQ_TILES, head_dim_pad, DQ_INTERPRETER_TILE)[:2])
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
@@ -510,44 +579,46 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     if do.shape != q.shape:
         raise ValueError(f"do must have o's shape {tuple(q.shape)}, got {tuple(do.shape)}")
     head_dim_pad = triton.next_power_of_2(D)
-    (bm1, bn1), (bm2, bn2), num_warps, num_stages = _backward_blocks(head_dim_pad)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     group = Hq // Hkv
     has_window = window is not None
-    flags = dict(CAUSAL=causal, HAS_WINDOW=has_window, HEAD_DIM_PAD=head_dim_pad,
-                 num_warps=num_warps, num_stages=num_stages)
+    flags = dict(CAUSAL=causal, HAS_WINDOW=has_window, HEAD_DIM_PAD=head_dim_pad, COUNT_VISITS=return_visits)
     w, s_tok = (window if has_window else 0), sink_tokens
+    # Each kernel's tile: timed by the autotuner on a GPU for long sequences (kernels/tuning.py).
+    dkdv_kernel, dkdv_tile = tuning.plan(_bwd_dkdv_kernel, DKDV_TILES, head_dim_pad, Nq, Nk,
+                                         interpreter_tile=DKDV_INTERPRETER_TILE, counting=return_visits)
+    dq_kernel, dq_tile = tuning.plan(_bwd_dq_kernel, DQ_TILES, head_dim_pad, Nq, Nk,
+                                     interpreter_tile=DQ_INTERPRETER_TILE, counting=return_visits)
 
     # 1. delta = rowsum(dO * O), and the learned sinks' gradient.
-    n_mblocks = triton.cdiv(Nq, bm2)
+    pre_m = PREPROCESS_BLOCK_M
     delta = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)          # (B, Hq, Nq)
-    dsinks_part = torch.empty(B, Hq, n_mblocks, device=q.device, dtype=torch.float32)
-    _bwd_preprocess_kernel[(n_mblocks, B * Hq)](
+    dsinks_part = torch.empty(B, Hq, triton.cdiv(Nq, pre_m), device=q.device, dtype=torch.float32)
+    _bwd_preprocess_kernel[(triton.cdiv(Nq, pre_m), B * Hq)](
         o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
         *o.stride(), *do.stride(), Hq, Nq, D,
-        BLOCK_M=bm2, HEAD_DIM_PAD=head_dim_pad, HAS_SINKS=sinks is not None)
+        BLOCK_M=pre_m, HEAD_DIM_PAD=head_dim_pad, HAS_SINKS=sinks is not None)
     dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
 
     visits_dkdv = visits_dq = delta                                   # placeholders, never touched
     if return_visits:
+        (bm1, bn1), (bm2, bn2) = (dkdv_tile["BLOCK_M"], dkdv_tile["BLOCK_N"]), (dq_tile["BLOCK_M"], dq_tile["BLOCK_N"])
         visits_dkdv = torch.zeros(B, Hq, triton.cdiv(Nq, bm1), triton.cdiv(Nk, bn1), device=q.device, dtype=torch.int32)
-        visits_dq = torch.zeros(B, Hq, n_mblocks, triton.cdiv(Nk, bn2), device=q.device, dtype=torch.int32)
+        visits_dq = torch.zeros(B, Hq, triton.cdiv(Nq, bm2), triton.cdiv(Nk, bn2), device=q.device, dtype=torch.int32)
 
     # 2. dK and dV: one program per (key block, batch x KV head).
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    _bwd_dkdv_kernel[(triton.cdiv(Nk, bn1), B * Hkv)](
+    dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
         q, k, v, do, dk, dv, lse, delta, visits_dkdv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        Hq, Hkv, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E,
-        BLOCK_M=bm1, BLOCK_N=bn1, COUNT_VISITS=return_visits, **flags)
+        Hq, Hkv, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E, **flags, **dkdv_tile)
 
     # 3. dQ: one program per (query block, batch x query head).
     dq = torch.empty_like(q)
-    _bwd_dq_kernel[(n_mblocks, B * Hq)](
+    dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
         q, k, v, do, dq, lse, delta, visits_dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        Hq, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E,
-        BLOCK_M=bm2, BLOCK_N=bn2, COUNT_VISITS=return_visits, **flags)
+        Hq, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E, **flags, **dq_tile)
     if return_visits:
         return dq, dk, dv, dsinks, visits_dkdv, visits_dq
     return dq, dk, dv, dsinks

@@ -9,7 +9,7 @@ MUTANTS = [
            caught_by=["gqa_groups"]),
     Mutant("grid_over_kv_heads", "launches one program per K/V head instead of per query head, so most "
                                  "query heads are never computed",
-           edits=[("grid = (triton.cdiv(Nq, bm), B * Hq)", "grid = (triton.cdiv(Nq, bm), B * Hkv)")],
+           edits=[('return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq', 'return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hkv')],
            caught_by=["gqa_groups", "mqa", "gqa_blocks_skipped"]),
     Mutant("top_left_alignment", "stage 5 regression: aligns the causal diagonal top-left when Nq != Nk",
            edits=[("    shift = N_K - N_Q\n", "    shift = 0\n")],

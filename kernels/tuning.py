@@ -1,0 +1,99 @@
+"""Autotuning for the Triton stages: a small table of tile shapes per head dim, timed on a GPU.
+
+Each stage lists the tiles worth trying as ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``,
+per padded head dim (the smallest listed head dim that holds it)::
+
+    TILES = {
+        64:  [(128, 64, 4, 3), (128, 128, 8, 3)],     # first entry: the default
+        128: [(128, 64, 8, 2), (128, 128, 8, 3)],
+        256: [(64, 32, 4, 2)],
+    }
+
+    @tuning.autotune(TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL"])
+    @triton.jit
+    def _kernel(..., BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr): ...
+
+The first call with a new key (and dtype) compiles and times every entry of its head dim with
+``triton.testing.do_bench`` and keeps the fastest; later calls with that key reuse it.  Timing
+only pays for itself on long sequences, so :func:`plan` says when to: on a GPU, for at least
+``TUNE_FROM`` (query, key) pairs, and never when the caller fixed the tile or asked for
+per-block counts (whose shape depends on the tile).  Otherwise it launches ``kernel.fn``, the
+kernel without the tuner, with the table's first entry, or on the CPU the interpreter's small
+tile, so that CPU-sized tests still cross block edges.
+"""
+
+from __future__ import annotations
+
+from kernels import runtime
+
+import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+
+#: (query, key) pairs per (batch, head) from which the autotuner is used (2048 x 2048).
+TUNE_FROM = 2048 * 2048
+
+# The forward kernels of stages 3 and 5-9.  Bigger tiles reuse each K/V load for more queries
+# but need more registers and shared memory; more stages hide more load latency, each costing
+# a K and a V buffer.  Short windows favour short tiles, which waste less at the window's edges.
+# The first entry of each row is the default, used untimed on short sequences: it compiles for
+# float32 too (D=128: 128 x 128 tiles with 3 stages of float32 K and V do not fit in shared
+# memory; the autotuner skips such entries).  At D=256 a 128 x 64 tile with 2 stages already
+# fills most of an H100's shared memory.
+FORWARD_TILES = {
+    64: [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4), (64, 32, 4, 3)],
+    128: [(128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3), (64, 64, 4, 3)],
+    256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 8, 2)],
+}
+#: The interpreter's forward tile: small, so tests with a few dozen rows cross block edges.
+FORWARD_INTERPRETER_TILE = (32, 32, 4, 1)
+
+
+def _entries(tiles: dict, head_dim_pad: int) -> list[tuple[int, int, int, int]]:
+    """The table's row for a padded head dim: the smallest listed head dim that holds it."""
+    fits = [d for d in sorted(tiles) if d >= head_dim_pad]
+    return tiles[fits[0] if fits else max(tiles)]
+
+
+def autotune(tiles: dict, key: list[str], names: tuple[str, str] = ("BLOCK_M", "BLOCK_N")):
+    """``triton.autotune`` over every tile of ``tiles``, pruned to the call's HEAD_DIM_PAD."""
+    by_dim = {d: [triton.Config({names[0]: bm, names[1]: bn}, num_warps=w, num_stages=s)
+                  for bm, bn, w, s in rows] for d, rows in tiles.items()}
+
+    def prune(configs, named_args, **kwargs):
+        head_dim_pad = kwargs.get("HEAD_DIM_PAD", named_args.get("HEAD_DIM_PAD"))
+        return _entries(by_dim, head_dim_pad)
+
+    return triton.autotune(configs=[c for row in by_dim.values() for c in row], key=key,
+                           prune_configs_by={"early_config_prune": prune})
+
+
+def first_entry(tiles: dict, head_dim_pad: int, interpreter_tile: tuple) -> tuple[int, int, int, int]:
+    """The tile used without timing: the table's first entry on a GPU, the interpreter's on the CPU."""
+    return _entries(tiles, head_dim_pad)[0] if runtime.ON_GPU else interpreter_tile
+
+
+def plan(kernel, tiles: dict, head_dim_pad: int, n_q: int, n_k: int, *, interpreter_tile: tuple,
+         block_m: int | None = None, block_n: int | None = None, counting: bool = False,
+         names: tuple[str, str] = ("BLOCK_M", "BLOCK_N")):
+    """``(kernel to launch, meta-parameters to pass it)`` for one call.
+
+    The autotuner (``kernel`` itself, no meta-parameters: it adds them) on a GPU for at least
+    ``TUNE_FROM`` pairs when the caller fixed no tile and counts no blocks.  Otherwise the bare
+    kernel ``kernel.fn`` with the table's first entry, the interpreter's tile on the CPU, or
+    the ``block_m``/``block_n`` asked for.
+    """
+    fixed = block_m is not None or block_n is not None or counting
+    if runtime.ON_GPU and not fixed and n_q * n_k >= TUNE_FROM:
+        return kernel, {}
+    bm, bn, warps, stages = first_entry(tiles, head_dim_pad, interpreter_tile)
+    return kernel.fn, {names[0]: block_m if block_m is not None else bm,
+                       names[1]: block_n if block_n is not None else bn,
+                       "num_warps": warps, "num_stages": stages}
+
+
+def chosen(kernel) -> str:
+    """The tile the autotuner last used for ``kernel``, as text (for benchmark logs)."""
+    config = getattr(kernel, "best_config", None)
+    if config is None:
+        return "not tuned"
+    return (", ".join(f"{k}={v}" for k, v in config.kwargs.items())
+            + f", num_warps={config.num_warps}, num_stages={config.num_stages}")
