@@ -6,7 +6,8 @@
     python -m grader stage3 --notebook   also run notebooks/03_flash_forward.ipynb with nbval
     python -m grader release             regenerate stages/ from solutions/ (keeps your edits)
     python -m grader release --check     are stages/ and solutions/ in sync?
-    python -m grader bench stage4        time a stage's kernel against PyTorch's SDPA (needs a GPU)
+    python -m grader bench stage5        time stage 5's reference kernel against SDPA and FlexAttention
+                                         (needs a GPU; all: every stage; --learner: your stages/ file)
 
 For instructors:
 

@@ -1,249 +1,785 @@
-"""python -m grader bench stageN: time a stage's kernel against PyTorch's attention on a GPU.
+"""python -m grader bench: time the stages' kernels against PyTorch's attention on a GPU.
 
-    python -m grader bench stage4                 the learner's stages/ file against the providers
-    python -m grader bench stage4 --solutions     the reference solution instead
-    python -m grader bench stage4 --json out.json rows {stage, case, provider, ms, tflops} as JSON
+    python -m grader bench stage5                  the reference solution of stage 5
+    python -m grader bench stage5 --learner        your stages/stage5_causal.py instead
+    python -m grader bench all                     every stage with cases, in order (minutes: flex compiles)
+    python -m grader bench stage7,stage8           several stages
+    python -m grader bench stage9 --providers solution,flex
+    python -m grader bench all --json out.json     rows {stage, case, provider, ms, tflops, note} as JSON
+    python -m grader bench all --plot out.png      a bar chart of TFLOP/s, one panel per stage
+    python -m grader bench stage4 --rep 500        longer measurements (milliseconds of timed runs)
 
 Providers, timed in the same run on the same inputs:
 
-    solution        the stage's own flash_attention
-    sdpa-flash      torch's scaled_dot_product_attention, FlashAttention-2 backend
-    sdpa-cudnn      ... cuDNN backend
-    flex            torch's flex_attention, compiled
-    stage3-triton   stage 3's Triton kernel (head dims padded to a power of two)
+    solution        the stage's own flash_attention (stage 9's backward: flash_attention_backward)
+    sdpa-flash      torch's scaled_dot_product_attention, FlashAttention-2 backend only
+    sdpa-cudnn      ... cuDNN backend only
+    flex            torch.compile(flex_attention) with a BlockMask for causal, windows and sink
+                    tokens; learned sinks through flex's lse: o * sigmoid(lse - sink[h])
+    stage3-triton   stage 3's Triton kernel, head dims padded to a power of two (stage 4 only)
 
-Throughput is FlashAttention's FLOP count, ``4 * B * H * D * pairs`` with the real head dim and
-``pairs`` the visible (query, key) pairs, over ``triton.testing.do_bench``'s median.  Before a
-provider is timed its output is compared with the float64 reference on two heads (the
-workbook's tolerance rule); a provider that fails it, or cannot run the case, is reported and
-not timed.  Stages add their cases to ``CASES`` and, if they differ, ``PROVIDERS``.
+GQA goes to SDPA and flex through enable_gqa=True.  A provider that cannot express a case (SDPA
+has no window, sink tokens or learned sinks, and aligns causal masks top-left) is reported
+"n/a: <reason>" and not timed; one that raises is reported "failed: <error>" and the run goes on.
+
+Cases are named by their shape and options, e.g. "B4 Hq32/Hkv8 N8192 D64 W128 sinks bwd": batch,
+heads (query/key-value heads when they differ), sequence length (Nq.../Nk... when they differ),
+head dim; causal; W128 a causal sliding window of 128 keys; S4 four sink tokens; sinks: learned
+sinks (one float32 logit per query head); fwd or bwd: the pass timed.  All in bfloat16.
+
+Backward: the solution is timed on flash_attention_backward(q, k, v, o, lse, do) given its
+forward's o and lse.  SDPA and flex run their forward once on inputs that require gradients and
+are timed on torch.autograd.grad(o, (q, k, v[, sinks]), do, retain_graph=True).
+
+Throughput is FlashAttention's FLOP count over triton.testing.do_bench's median:
+
+    forward     4 * B * Hq * D * pairs       (two matmuls, Q K^T and P V, of 2 FLOPs per MAC)
+    backward    2.5 x the forward            (five matmuls instead of two)
+
+with D the real head dim (padding earns nothing) and pairs the number of visible (query, key)
+pairs of one (batch, head), counted exactly for causal masks, windows and sink tokens
+(visible_pairs); learned sinks do not change it.
+
+Correctness first: before a provider is timed its output is compared with the float64
+reference (kernels.reference) under the workbook's tolerance rule (kernels.tolerance): o on
+batch 0 and two query heads; for backward cases also dq, dk and dv on a whole GQA group (the
+query heads that share kv head 0, at least two) against float64 autograd through the
+reference, within 3x PyTorch's own bfloat16 error.  A provider that fails is reported
+"wrong: <why>" and not timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import inspect
 import json
 import sys
+import time
+import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 from kernels import runtime  # noqa: F401  (before triton: decides TRITON_INTERPRET)
 
 import torch
 
+WARMUP_MS = 25
+REP_MS = 100
+JSON_KEYS = ("stage", "case", "provider", "ms", "tflops", "note")
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases and their FLOP count
+# ---------------------------------------------------------------------------------------------
+
+def visible_pairs(n_q: int, n_k: int, *, causal: bool = False, window: int | None = None,
+                  sink_tokens: int = 0) -> int:
+    """Visible (query, key) pairs of one (batch, head), with the workbook's masks.
+
+    Query ``i`` sits at key position ``i' = i + (Nk - Nq)`` (causal masks are aligned
+    bottom-right).  Row by row, vectorised over the rows:
+
+        causal          keys 0 .. i'                            i' + 1 of them (none if i' < 0)
+        window W        keys max(0, i' - W + 1) .. i'
+        sink tokens S   plus keys 0 .. S - 1 that are below the window and not in the future
+    """
+    if not causal:
+        return n_q * n_k
+    pos = torch.arange(n_q, dtype=torch.int64) + (n_k - n_q)       # i' for every query row
+    end = (pos + 1).clamp(0, n_k)                                   # keys [0, end) are not in the future
+    if window is None:
+        return int(end.sum())
+    start = (pos - window + 1).clamp(0, n_k)                        # the window is keys [start, end)
+    in_window = (end - start).clamp(min=0)
+    below_window = torch.minimum(end, start).clamp(max=sink_tokens)  # sink tokens in [0, start), visible
+    return int((in_window + below_window).sum())
+
 
 @dataclass(frozen=True)
 class Case:
-    name: str
+    """One benchmark problem: shapes, mask options, and which pass is timed."""
     batch: int
-    heads: int
+    heads: int                       # query heads
     n_q: int
     n_k: int
     head_dim: int
-    dtype: torch.dtype = torch.bfloat16
+    kv_heads: int | None = None      # None: as many as the query heads
     causal: bool = False
+    window: int | None = None        # needs causal
+    sink_tokens: int = 0
+    sinks: bool = False              # learned sinks: randn(heads) float32 logits
+    backward: bool = False
+    dtype: torch.dtype = torch.bfloat16
+
+    def __post_init__(self):
+        if (self.window is not None or self.sink_tokens) and not self.causal:
+            raise ValueError("a window or sink tokens need causal=True")
+        if self.heads % self.hkv:
+            raise ValueError(f"{self.heads} query heads are not a multiple of {self.hkv} kv heads")
+
+    @property
+    def hkv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def name(self) -> str:
+        heads = f"H{self.heads}" if self.hkv == self.heads else f"Hq{self.heads}/Hkv{self.hkv}"
+        length = f"N{self.n_q}" if self.n_q == self.n_k else f"Nq{self.n_q}/Nk{self.n_k}"
+        parts = [f"B{self.batch}", heads, length, f"D{self.head_dim}"]
+        if self.causal and self.window is None:
+            parts.append("causal")
+        if self.window is not None:
+            parts.append(f"W{self.window}")
+        if self.sink_tokens:
+            parts.append(f"S{self.sink_tokens}")
+        if self.sinks:
+            parts.append("sinks")
+        if self.dtype != torch.bfloat16:
+            parts.append(str(self.dtype).replace("torch.", ""))
+        parts.append("bwd" if self.backward else "fwd")
+        return " ".join(parts)
+
+    @property
+    def mask(self) -> dict:
+        """The mask options, as ``kernels.reference.attention`` takes them."""
+        return dict(causal=self.causal, window=self.window, sink_tokens=self.sink_tokens)
 
     @property
     def pairs(self) -> int:
-        """Visible (query, key) pairs per (batch, head); causal is aligned bottom-right."""
-        if not self.causal:
-            return self.n_q * self.n_k
-        offset = self.n_k - self.n_q
-        return sum(min(self.n_k, max(0, i + offset + 1)) for i in range(self.n_q))
+        return visible_pairs(self.n_q, self.n_k, **self.mask)
 
     @property
     def flops(self) -> int:
-        return 4 * self.batch * self.heads * self.head_dim * self.pairs
+        forward = 4 * self.batch * self.heads * self.head_dim * self.pairs
+        return forward * 5 // 2 if self.backward else forward
 
 
+def _both(**shape) -> list[Case]:
+    return [Case(**shape), Case(**shape, backward=True)]
+
+
+_GQA_LONG = dict(batch=4, heads=32, kv_heads=8, n_q=8192, n_k=8192, head_dim=64, causal=True)
 CASES: dict[str, list[Case]] = {
-    "stage4": [Case(f"B4 H16 N4096 D{d} bf16", 4, 16, 4096, 4096, d) for d in (48, 72, 96, 160)],
+    "stage3": [Case(4, 16, 4096, 4096, d) for d in (64, 128)],
+    "stage4": [Case(4, 16, 4096, 4096, d) for d in (48, 72, 96, 160)],
+    "stage5": [Case(4, 16, 4096, 4096, d, causal=c) for d in (64, 128) for c in (False, True)],
+    "stage6": [Case(4, 32, 4096, 4096, d, kv_heads=8, causal=True) for d in (128, 64)],
+    "stage7": [Case(**_GQA_LONG, window=w) for w in (128, 1024)],
+    "stage8": [Case(**_GQA_LONG, window=w, sinks=True) for w in (128, 1024)] + [Case(**_GQA_LONG, sinks=True)],
+    "stage9": ([c for d in (64, 128) for causal in (False, True)
+                for c in _both(batch=4, heads=16, n_q=4096, n_k=4096, head_dim=d, causal=causal)]
+               + _both(batch=4, heads=32, kv_heads=8, n_q=4096, n_k=4096, head_dim=128, causal=True)
+               + [c for sinks in (False, True) for w in (128, 1024)
+                  for c in _both(**_GQA_LONG, window=w, sinks=sinks)]),
 }
+
+PROVIDER_NAMES = ("solution", "sdpa-flash", "sdpa-cudnn", "flex", "stage3-triton")
 DEFAULT_PROVIDERS = ["solution", "sdpa-flash", "sdpa-cudnn", "flex"]
 PROVIDERS: dict[str, list[str]] = {
     "stage4": ["solution", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# Providers
+# ---------------------------------------------------------------------------------------------
+
 class NotApplicable(Exception):
-    """This provider cannot run this case (a head dim it lacks, a feature it does not have)."""
+    """This provider cannot run this case (a mask it lacks, a head dim it does not take)."""
 
 
-def _sdpa(backend_name: str):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = getattr(SDPBackend, backend_name)
+@dataclass
+class Inputs:
+    """One case's tensors; ``sinks`` only with learned sinks, ``do`` only for backward cases."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    sinks: torch.Tensor | None
+    do: torch.Tensor | None
 
-    def run(q, k, v, case: Case):
+
+def make_inputs(case: Case, device, seed: int = 0) -> Inputs:
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape, dtype=case.dtype):
+        return torch.randn(*shape, device=device, dtype=dtype, generator=gen)
+
+    q = randn(case.batch, case.heads, case.n_q, case.head_dim)
+    k = randn(case.batch, case.hkv, case.n_k, case.head_dim)
+    v = randn(case.batch, case.hkv, case.n_k, case.head_dim)
+    sinks = randn(case.heads, dtype=torch.float32) if case.sinks else None
+    do = randn(case.batch, case.heads, case.n_q, case.head_dim) if case.backward else None
+    return Inputs(q, k, v, sinks, do)
+
+
+class Provider:
+    """One way of computing attention.
+
+    ``attend(case, x)`` returns ``f(q, k, v, sinks) -> o``, or raises :class:`NotApplicable`.
+    ``backward(case, x)`` returns ``(g, o)``: ``g()`` computes the gradients ``(dq, dk, dv, ...)``
+    of the forward output ``o`` for ``x.do``; by default through autograd, so ``f`` must be
+    differentiable.
+    """
+    name = "?"
+
+    def attend(self, case: Case, x: Inputs) -> Callable:
+        raise NotImplementedError
+
+    def backward(self, case: Case, x: Inputs):
+        f = self.attend(case, x)
+        leaves = [t.detach().requires_grad_(True) for t in (x.q, x.k, x.v)]
+        sinks = x.sinks.detach().requires_grad_(True) if x.sinks is not None else None
+        o = f(*leaves, sinks)
+        inputs = leaves + ([sinks] if sinks is not None else [])
+        return (lambda: torch.autograd.grad(o, inputs, x.do, retain_graph=True)), o
+
+
+class StageKernel(Provider):
+    """A stage file's ``flash_attention`` (and ``flash_attention_backward``), loaded from ``source``."""
+
+    def __init__(self, stage: str, source: str, name: str = "solution"):
+        from kernels.loader import load_stage
+        self.name, self.stage = name, stage
+        self.module = load_stage(stage, source)
+
+    def _options(self, case: Case, fn) -> dict:
+        params = inspect.signature(fn).parameters
+        wanted = {"causal": case.causal or None, "window": case.window, "sink_tokens": case.sink_tokens or None}
+        for option, value in wanted.items():
+            if value is not None and option not in params:
+                raise NotApplicable(f"{self.stage}'s {fn.__name__} has no {option} option")
+        if case.sinks and "sinks" not in params:
+            raise NotApplicable(f"{self.stage}'s {fn.__name__} has no learned sinks")
+        return {k: v for k, v in wanted.items() if v is not None}
+
+    @staticmethod
+    def _with_sinks(sinks) -> dict:
+        return {"sinks": sinks} if sinks is not None else {}
+
+    def attend(self, case, x):
+        flash_attention = self.module.flash_attention
+        opts = self._options(case, flash_attention)
+        return lambda q, k, v, sinks: flash_attention(q, k, v, **opts, **self._with_sinks(sinks))[0]
+
+    def backward(self, case, x):
+        backward = getattr(self.module, "flash_attention_backward", None)
+        if backward is None:
+            raise NotApplicable(f"{self.stage} has no flash_attention_backward")
+        opts, sinks = self._options(case, backward), self._with_sinks(x.sinks)
+        o, lse = self.module.flash_attention(x.q, x.k, x.v, **opts, **sinks)
+        return (lambda: backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
+
+
+class Sdpa(Provider):
+    """``scaled_dot_product_attention`` restricted to one backend."""
+
+    def __init__(self, name: str, backend: str):
+        from torch.nn.attention import SDPBackend
+        self.name, self.backend = name, getattr(SDPBackend, backend)
+
+    def attend(self, case, x):
+        from torch.nn.attention import sdpa_kernel
+        if case.window is not None:
+            raise NotApplicable("SDPA has no sliding window")
+        if case.sink_tokens:
+            raise NotApplicable("SDPA has no sink tokens")
+        if case.sinks:
+            raise NotApplicable("SDPA has no learned sinks")
         if case.causal and case.n_q != case.n_k:
             raise NotApplicable("SDPA aligns causal masks top-left; the workbook aligns them bottom-right")
-        with sdpa_kernel([backend]):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
-    return run
+        gqa = {"enable_gqa": True} if case.hkv != case.heads else {}
+        backend = self.backend
+
+        def f(q, k, v, sinks):
+            with sdpa_kernel([backend]):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal, **gqa)
+        return f
 
 
-def _flex():
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    compiled = torch.compile(flex_attention)
+def _flex_plain(q, k, v, block_mask, gqa: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
-    def run(q, k, v, case: Case):
-        block_mask = None
+
+def _flex_with_sinks(q, k, v, sinks, block_mask, gqa: bool):
+    """Learned sinks from flex's lse: a virtual key with logit ``sink[h]`` and value zero scales the
+    row by exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink)."""
+    from torch.nn.attention import flex_attention as fa
+    if hasattr(fa, "AuxRequest"):
+        o, aux = fa.flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa,
+                                   return_aux=fa.AuxRequest(lse=True))
+        lse = aux.lse
+    else:                                            # torch before AuxRequest
+        o, lse = fa.flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa, return_lse=True)
+    keep = torch.sigmoid(lse - sinks.view(1, -1, 1))                     # (B, Hq, Nq) float32
+    return (o.float() * keep.unsqueeze(-1)).to(o.dtype)
+
+
+class FlexMasks:
+    """One mask_mod per mask kind (causal, window, window with sink tokens), made once per device.
+
+    Each reads the causal offset, the window and the sink-token count from 0-d int tensors that
+    :meth:`mask_mod` fills for the case at hand.  A mask_mod that closed over Python ints would be
+    traced with the first case's numbers, and the compiled kernel could reuse them for a later
+    window; tensors are read when the kernel runs, so one compiled kernel serves every window.
+    """
+
+    def __init__(self, device):
+        offset, window, sink_tokens = (torch.zeros((), dtype=torch.int32, device=device) for _ in range(3))
+        self.params = (offset, window, sink_tokens)
+
+        def causal(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + offset
+
+        def windowed(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx + offset) & (kv_idx > q_idx + offset - window)
+
+        def windowed_sink_tokens(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx + offset) & ((kv_idx > q_idx + offset - window) | (kv_idx < sink_tokens))
+
+        self.kinds = {"causal": causal, "window": windowed, "window+sink tokens": windowed_sink_tokens}
+
+    def mask_mod(self, case: Case):
+        """The mask_mod of ``case``'s kind, its tensors set to ``case``'s numbers (needs causal)."""
+        offset, window, sink_tokens = self.params
+        offset.fill_(case.n_k - case.n_q)
+        window.fill_(case.window or 0)
+        sink_tokens.fill_(case.sink_tokens)
+        return self.kinds["causal" if case.window is None else
+                          "window+sink tokens" if case.sink_tokens else "window"]
+
+
+class _FlexKernels:
+    """The compiled flex functions and the mask_mods, made once per process and shared by every case.
+
+    torch.compile recompiles for each new shape (``dynamic=False``: kernels for fixed shapes) and
+    mask kind, not for each window; the recompile limit is raised to hold them all.
+    """
+
+    def __init__(self):
+        import torch._dynamo
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        # The backward is timed by calling autograd.grad repeatedly on one graph (retain_graph=True);
+        # compiled graphs that donate their saved buffers to the backward refuse that.
+        import torch._functorch.config
+        torch._functorch.config.donated_buffer = False
+        self.plain = torch.compile(_flex_plain, dynamic=False)
+        self.with_sinks = torch.compile(_flex_with_sinks, dynamic=False)
+        self.masks: dict[str, FlexMasks] = {}
+
+    def mask_mod(self, case: Case, device):
+        if str(device) not in self.masks:
+            self.masks[str(device)] = FlexMasks(device)
+        return self.masks[str(device)].mask_mod(case)
+
+
+_FLEX: _FlexKernels | None = None
+
+
+class Flex(Provider):
+    name = "flex"
+
+    def attend(self, case, x):
+        global _FLEX
+        from torch.nn.attention.flex_attention import create_block_mask
+        _FLEX = _FLEX or _FlexKernels()
+        block_mask = None                                     # None: every key visible
         if case.causal:
-            offset = case.n_k - case.n_q
-            block_mask = create_block_mask(lambda b, h, i, j: j <= i + offset, None, None, case.n_q, case.n_k)
-        return compiled(q, k, v, block_mask=block_mask)
-    return run
+            block_mask = create_block_mask(_FLEX.mask_mod(case, x.q.device), None, None, case.n_q, case.n_k,
+                                           device=x.q.device)
+        gqa = case.hkv != case.heads
+        if case.sinks:
+            return lambda q, k, v, sinks: _FLEX.with_sinks(q, k, v, sinks, block_mask, gqa)
+        return lambda q, k, v, sinks: _FLEX.plain(q, k, v, block_mask, gqa)
 
 
-def _stage(name: str, source: str, *, stage_kwargs=True):
-    from kernels.loader import load_stage
-    module = load_stage(name, source)
-
-    def run(q, k, v, case: Case):
-        if case.causal and not stage_kwargs:
-            raise NotApplicable(f"{name} has no causal option")
-        kwargs = {"causal": True} if case.causal else {}
-        return module.flash_attention(q, k, v, **kwargs)
-    return run
-
-
-def provider(name: str, stage: str, source: str):
-    """A function ``(q, k, v, case) -> o or (o, lse)`` for the provider ``name``."""
+def provider(name: str, stage: str, source: str) -> Provider:
+    """The provider called ``name`` for a stage's cases (``solution`` loads the stage from ``source``)."""
     if name == "solution":
-        return _stage(stage, source)
+        return StageKernel(stage, source)
     if name == "stage3-triton":
-        return _stage("stage3", source, stage_kwargs=False)
+        return StageKernel("stage3", source, name="stage3-triton")
     if name == "sdpa-flash":
-        return _sdpa("FLASH_ATTENTION")
+        return Sdpa(name, "FLASH_ATTENTION")
     if name == "sdpa-cudnn":
-        return _sdpa("CUDNN_ATTENTION")
+        return Sdpa(name, "CUDNN_ATTENTION")
     if name == "flex":
-        return _flex()
-    raise ValueError(f"unknown provider {name!r}; expected one of solution, stage3-triton, sdpa-flash, "
-                     "sdpa-cudnn, flex")
+        return Flex()
+    raise ValueError(f"unknown provider {name!r}; the providers are: {', '.join(PROVIDER_NAMES)}")
 
 
-_SLICE = (slice(0, 1), slice(0, 2))   # the heads re-checked against float64: batch 0, heads 0 and 1
+# ---------------------------------------------------------------------------------------------
+# Correctness against float64
+# ---------------------------------------------------------------------------------------------
+
+Q_DIMS = ("b", "h", "i", "d")
+KV_DIMS = ("b", "h_kv", "j", "d")
 
 
-def _references(q, k, v, case: Case):
-    """float64 reference and PyTorch-in-the-input-dtype baseline for the checked heads."""
-    from kernels import reference
-    ref, _ = reference.attention(q[_SLICE], k[_SLICE], v[_SLICE], causal=case.causal)
-    base, _ = reference.attention(q[_SLICE], k[_SLICE], v[_SLICE], causal=case.causal, compute_dtype=q.dtype)
-    return ref, base
+def checked_heads(case: Case) -> tuple[int, int]:
+    """(query heads, kv heads) re-checked on batch 0: heads 0.. of each.
+
+    Forward: two query heads (and the kv heads they read).  Backward: the whole group of query
+    heads that share kv head 0 (at least two heads), since dk and dv sum over the group.
+    """
+    group = case.heads // case.hkv
+    if case.backward:
+        n_kv = min(case.hkv, -(-2 // group))
+        return n_kv * group, n_kv
+    n_q = min(2, case.heads)
+    return n_q, -(-n_q // group)
 
 
-def _check(out, q, refs) -> str | None:
-    """None if the checked heads of ``out`` pass the tolerance rule against float64, else why not."""
+def _reference(case: Case, x: Inputs) -> dict:
+    """{name: (float64 reference, PyTorch-in-bf16 baseline, dims, factor, floor)} on the checked heads.
+
+    The slice (batch 0, the checked heads) is a whole attention problem of its own, so the float64
+    reference costs a few (heads x Nq x Nk) matrices: at most 2 GB each for 4 heads at N8192.
+    """
+    from kernels import reference, tolerance
+    n_q, n_kv = checked_heads(case)
+    q, k, v = x.q[:1, :n_q], x.k[:1, :n_kv], x.v[:1, :n_kv]
+    sinks = x.sinks[:n_q] if x.sinks is not None else None
+    base_dtype = tolerance.baseline_dtype(case.dtype)
+    if not case.backward:
+        ref, _ = reference.attention(q, k, v, sinks=sinks, **case.mask)
+        base, _ = reference.attention(q, k, v, sinks=sinks, compute_dtype=base_dtype, **case.mask)
+        return {"o": (ref, base, Q_DIMS, 2.0, None)}
+
+    def grads(compute_dtype):
+        leaf = torch.float64 if compute_dtype == torch.float64 else q.dtype
+        leaves = [t.detach().to(leaf).requires_grad_(True) for t in (q, k, v)]
+        o, _ = reference.attention(*leaves, sinks=sinks, compute_dtype=compute_dtype, **case.mask)
+        dq, dk, dv = torch.autograd.grad(o, leaves, x.do[:1, :n_q].to(o.dtype))
+        return o.detach(), dq, dk, dv
+
+    ref, base = grads(torch.float64), grads(base_dtype)
+    # One floor for the three gradients, from the largest (as the grader's stage 9 checks).
+    floor = 4 * torch.finfo(torch.float32).eps * (1.0 + max(float(g.abs().max()) for g in ref[1:]))
+    return {"o": (ref[0], base[0], Q_DIMS, 2.0, None),
+            "dq": (ref[1], base[1], Q_DIMS, 3.0, floor),
+            "dk": (ref[2], base[2], KV_DIMS, 3.0, floor),
+            "dv": (ref[3], base[3], KV_DIMS, 3.0, floor)}
+
+
+def _verify(outputs: dict, refs: dict, case: Case) -> str | None:
+    """None if every output passes the tolerance rule on the checked heads, else why not."""
     from kernels import tolerance
-    o = out[0] if isinstance(out, tuple) else out
-    if not isinstance(o, torch.Tensor) or tuple(o.shape) != tuple(q.shape):
-        return f"returned {type(o).__name__} of shape {getattr(o, 'shape', None)}; expected {tuple(q.shape)}"
-    report = tolerance.compare(o[_SLICE], *refs, name="o", dims=("b", "h", "i", "d"))
-    return None if report.ok else report.message
+    n_q, n_kv = checked_heads(case)
+    for name, (ref, base, dims, factor, floor) in refs.items():
+        out = outputs[name]
+        full = (case.batch, case.heads if dims is Q_DIMS else case.hkv, case.n_q if dims is Q_DIMS else case.n_k,
+                case.head_dim)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != full:
+            return f"{name}: returned {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))}; expected {full}"
+        heads = n_q if dims is Q_DIMS else n_kv
+        report = tolerance.compare(out[:1, :heads], ref, base, name=name, factor=factor, floor=floor, dims=dims)
+        if not report.ok:
+            return report.message
+    return None
 
 
-def run(stage: str, *, source: str = "stages", providers: list[str] | None = None,
-        cases: list[Case] | None = None, warmup: int = 25, rep: int = 100, log=print) -> list[dict]:
-    """Time every provider on every case; returns rows {stage, case, provider, ms, tflops, note}."""
-    from triton.testing import do_bench
-    cases = cases if cases is not None else CASES.get(stage)
-    if not cases:
-        raise ValueError(f"no benchmark cases for {stage}; the stages with cases are: {', '.join(CASES)}")
-    providers = providers or PROVIDERS.get(stage, DEFAULT_PROVIDERS)
-    fns = {}
-    for name in providers:
-        try:
-            fns[name] = provider(name, stage, source)
-        except Exception as exc:  # noqa: BLE001 - a provider that cannot load is reported, not fatal
-            fns[name] = exc
-    rows = []
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for case in cases:
-        q = torch.randn(case.batch, case.heads, case.n_q, case.head_dim, device="cuda", dtype=case.dtype, generator=gen)
-        k = torch.randn(case.batch, case.heads, case.n_k, case.head_dim, device="cuda", dtype=case.dtype, generator=gen)
-        v = torch.randn(case.batch, case.heads, case.n_k, case.head_dim, device="cuda", dtype=case.dtype, generator=gen)
-        refs = _references(q, k, v, case)
-        for name, fn in fns.items():
-            row = {"stage": stage, "case": case.name, "provider": name, "ms": None, "tflops": None, "note": ""}
-            try:
-                if isinstance(fn, Exception):
-                    raise fn
-                problem = _check(fn(q, k, v, case), q, refs)
-                if problem:
-                    row["note"] = f"wrong: {problem}"
-                else:
-                    ms = do_bench(lambda: fn(q, k, v, case), warmup=warmup, rep=rep, return_mode="median")
-                    row.update(ms=ms, tflops=case.flops / ms * 1e-9)
-            except NotApplicable as exc:
-                row["note"] = f"n/a: {exc}"
-            except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
-                row["note"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            rows.append(row)
-            log(_format_row(row), flush=True)
-        del q, k, v, refs
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+def _failure(exc: BaseException, caught: list) -> str:
+    text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    if isinstance(exc, RuntimeError) and ("No available kernel" in str(exc) or "No viable backend" in str(exc)):
+        # sdpa_kernel with one backend that refuses the case; its warnings say why.
+        why = "; ".join(dict.fromkeys(str(w.message).strip().splitlines()[0] for w in caught
+                                      if "not used because" not in str(w.message)))
+        return f"n/a: this backend refuses the case ({why[:300] or text})"
+    return f"failed: {type(exc).__name__}: {text}"
+
+
+def _free(device, *, collect: bool = False) -> None:
+    """Give the memory of dropped tensors back to the GPU (and, with ``collect``, of reference cycles)."""
+    if collect:
+        gc.collect()
+    if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
+
+
+def _measure(prov, case: Case, x: Inputs, refs: dict, timer: Callable) -> tuple[float | None, str]:
+    """(milliseconds, "") if the provider's output passes the check, else (None, why not)."""
+    caught = []
+    try:
+        if isinstance(prov, Exception):              # the provider could not be made (a stage file that
+            raise prov                               # does not import): reported on each of its rows
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if case.backward:
+                fn, o = prov.backward(case, x)
+                dq, dk, dv = fn()[:3]
+                outputs = {"o": o, "dq": dq, "dk": dk, "dv": dv}
+            else:
+                f = prov.attend(case, x)
+
+                def fn():
+                    return f(x.q, x.k, x.v, x.sinks)
+                outputs = {"o": fn()}
+        problem = _verify(outputs, refs, case)
+        if problem:
+            return None, f"wrong: {problem}"
+        return timer(fn), ""
+    except NotApplicable as exc:
+        return None, f"n/a: {exc}"
+    except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
+        return None, _failure(exc, caught)
+
+
+def bench_case(stage: str, case: Case, providers: dict, *, timer: Callable, device="cuda", seed: int = 0,
+               log=print) -> list[dict]:
+    """Check, then time, every provider on one case; one row per provider, never raising."""
+    rows = [{"stage": stage, "case": case.name, "provider": name, "ms": None, "tflops": None, "note": ""}
+            for name in providers]
+    try:
+        x = make_inputs(case, device, seed)
+        refs = _reference(case, x)
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory: report the case, go on
+        x = refs = None
+        for row in rows:
+            row["note"] = f"failed: reference: {type(exc).__name__}: {str(exc).strip()[:200]}"
+            log(_format_row(row), flush=True)
+        _free(device, collect=True)
+        return rows
+    for row, prov in zip(rows, providers.values()):
+        row["ms"], row["note"] = _measure(prov, case, x, refs, timer)
+        if row["ms"] is not None:
+            row["tflops"] = case.flops / row["ms"] * 1e-9
+        _free(device)
+        log(_format_row(row), flush=True)
+    del x, refs
+    _free(device, collect=True)
     return rows
 
 
+def run(stage: str, *, source: str = "solutions", providers: list | None = None, cases: list[Case] | None = None,
+        warmup: int = WARMUP_MS, rep: int = REP_MS, log=print, device="cuda", timer: Callable | None = None
+        ) -> list[dict]:
+    """Time every provider on every case of ``stage``; rows {stage, case, provider, ms, tflops, note}.
+
+    ``providers``: names (default: the stage's list) or :class:`Provider` objects.  ``timer(fn)``
+    returns milliseconds (default: ``do_bench``'s median of ``rep`` ms after ``warmup`` ms).
+    """
+    cases = cases if cases is not None else CASES.get(stage)
+    if not cases:
+        raise ValueError(f"no benchmark cases for {stage}; the stages with cases are: {', '.join(CASES)}")
+    if timer is None:
+        from triton.testing import do_bench
+
+        def timer(fn):
+            return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    made = {}
+    for p in providers or PROVIDERS.get(stage, DEFAULT_PROVIDERS):
+        if isinstance(p, Provider):
+            made[p.name] = p
+            continue
+        try:
+            made[p] = provider(p, stage, source)
+        except Exception as exc:  # noqa: BLE001 - a provider that cannot load is reported on every row
+            made[p] = exc
+    rows = []
+    for seed, case in enumerate(cases):
+        rows += bench_case(stage, case, made, timer=timer, device=device, seed=seed, log=log)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------------------------
+
 def _format_row(row: dict) -> str:
+    head = f"  {row['case']:<42} {row['provider']:<14}"
     if row["ms"] is None:
-        return f"  {row['case']:<24} {row['provider']:<14} {row['note']}"
-    return f"  {row['case']:<24} {row['provider']:<14} {row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+        return f"{head} {row['note']}"
+    return f"{head} {row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if row["tflops"] is not None:
+        return f"{row['tflops']:.1f}"
+    return row["note"].split(":")[0] or "-"           # n/a, wrong, failed
 
 
 def table(rows: list[dict]) -> str:
-    """TFLOP/s of each provider per case, and the solution's speed relative to each other provider."""
-    names = list(dict.fromkeys(r["provider"] for r in rows))
-    cases = list(dict.fromkeys(r["case"] for r in rows))
-    get = {(r["case"], r["provider"]): r for r in rows}
-    others = [n for n in names if n != "solution"]
-    head = f"{'case':<24}" + "".join(f"{n:>15}" for n in names)
-    if "solution" in names:
-        head += "".join(f"{'vs ' + n:>19}" for n in others)
-    lines = ["useful TFLOP/s (FLOPs of the real head dim; median of do_bench)", head]
-    for c in cases:
-        line = f"{c:<24}"
-        for n in names:
-            r = get.get((c, n))
-            line += f"{r['tflops']:15.1f}" if r and r["tflops"] else f"{'-':>15}"
-        sol = get.get((c, "solution"))
-        for n in others if "solution" in names else []:
-            r = get.get((c, n))
-            ok = sol and sol["tflops"] and r and r["tflops"]
-            line += f"{sol['tflops'] / r['tflops']:18.2f}x" if ok else f"{'-':>19}"
-        lines.append(line)
-    notes = [f"  {r['case']} / {r['provider']}: {r['note']}" for r in rows if r["note"]]
-    return "\n".join(lines + (["notes:"] + notes if notes else []))
+    """TFLOP/s of each provider per case and the solution's speed relative to each other provider
+    (solution TFLOP/s / theirs: above 1 the solution is faster); one block per stage, then notes."""
+    lines = ["useful TFLOP/s (FlashAttention's FLOP count of the visible pairs; median of do_bench);",
+             "'vs X': the solution's TFLOP/s over X's (above 1.00x the solution is faster)"]
+    for stage in dict.fromkeys(r["stage"] for r in rows):
+        mine = [r for r in rows if r["stage"] == stage]
+        names = list(dict.fromkeys(r["provider"] for r in mine))
+        cases = list(dict.fromkeys(r["case"] for r in mine))
+        get = {(r["case"], r["provider"]): r for r in mine}
+        others = [n for n in names if n != "solution"] if "solution" in names else []
+        width = max(len(c) for c in cases) + 2
+        cols = [max(len(n), 6) + 2 for n in names]
+        ratio_cols = [len(f"vs {n}") + 2 for n in others]
+        lines += ["", f"{stage}:", f"{'case':<{width}}" + "".join(f"{n:>{w}}" for n, w in zip(names, cols))
+                  + "".join(f"{'vs ' + n:>{w}}" for n, w in zip(others, ratio_cols))]
+        for c in cases:
+            line = f"{c:<{width}}" + "".join(f"{_cell(get.get((c, n))):>{w}}" for n, w in zip(names, cols))
+            sol = get.get((c, "solution"))
+            for n, w in zip(others, ratio_cols):
+                r = get.get((c, n))
+                ok = sol and sol["tflops"] and r and r["tflops"]
+                line += f"{sol['tflops'] / r['tflops']:>{w - 1}.2f}x" if ok else f"{'-':>{w}}"
+            lines.append(line)
+    notes: dict[tuple, list[str]] = {}               # the same note for several cases is said once
+    for r in rows:
+        if r["note"]:
+            notes.setdefault((r["stage"], r["provider"], r["note"]), []).append(r["case"])
+    if notes:
+        lines += ["", "notes:"]
+        for (stage, name, note), cases in notes.items():
+            where = cases[0] if len(cases) == 1 else f"{len(cases)} cases"
+            lines.append(f"  {stage} {where} / {name}: {note}")
+    return "\n".join(lines)
+
+
+def write_json(rows: list[dict], path) -> None:
+    """The rows as a JSON list of {stage, case, provider, ms, tflops, note}."""
+    with open(path, "w") as f:
+        json.dump([{k: r.get(k) for k in JSON_KEYS} for r in rows], f, indent=1)
+        f.write("\n")
+
+
+_COLORS = {"solution": "#d62728", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#17becf", "flex": "#2ca02c",
+           "stage3-triton": "#ff7f0e"}
+
+
+def plot(rows: list[dict], path, *, title: str | None = None) -> None:
+    """A PNG of TFLOP/s per case (grouped horizontal bars, one per provider), one panel per stage."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    stages = list(dict.fromkeys(r["stage"] for r in rows))
+    if not stages:
+        raise ValueError("no rows to plot")
+    layout = []
+    for stage in stages:
+        mine = [r for r in rows if r["stage"] == stage]
+        layout.append((stage, list(dict.fromkeys(r["case"] for r in mine)),
+                       list(dict.fromkeys(r["provider"] for r in mine)), {(r["case"], r["provider"]): r for r in mine}))
+    heights = [0.16 * len(cases) * len(names) + 0.25 * len(cases) + 0.9 for _, cases, names, _ in layout]
+    height = sum(heights) + (0.5 if title else 0)
+    fig = Figure(figsize=(12, height), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(layout), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
+    for ax, (stage, cases, names, get) in zip(axes, layout):
+        bar = 0.8 / len(names)
+        top = max([r["tflops"] for r in get.values() if r["tflops"]] or [1.0])
+        for j, name in enumerate(names):
+            for i, case in enumerate(cases):
+                row = get.get((case, name))
+                y = i - 0.4 + (j + 0.5) * bar
+                value = row["tflops"] if row and row["tflops"] else 0.0
+                ax.barh(y, value, height=bar * 0.9, color=_COLORS.get(name, f"C{j}"),
+                        label=name if i == 0 else None)
+                text = f" {value:.0f}" if value else f" {_cell(row)}"
+                ax.text(value, y, text, va="center", fontsize=6.5, color="black" if value else "gray")
+        ax.set_yticks(range(len(cases)), cases, fontsize=8)
+        ax.set_ylim(len(cases) - 0.5, -0.5)
+        ax.set_xlim(0, top * 1.12)
+        ax.set_title(stage, fontsize=10, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+    axes[-1].set_xlabel("useful TFLOP/s (higher is better)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.5 / height if title else 0)))
+    fig.savefig(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of milliseconds, got {text}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m grader bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", help=f"what to benchmark: {', '.join(CASES)}, several (stage5,stage7), or all")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--learner", action="store_true",
+                     help="time your stages/ files instead of the reference solutions/")
+    who.add_argument("--solutions", action="store_true", help=argparse.SUPPRESS)   # the default; kept for old commands
+    p.add_argument("--providers", metavar="A,B",
+                   help=f"comma-separated providers (default: the stage's list); of {', '.join(PROVIDER_NAMES)}")
+    p.add_argument("--json", metavar="PATH", help="write the rows {stage, case, provider, ms, tflops, note} here")
+    p.add_argument("--plot", metavar="PATH", help="save a bar chart (PNG) of TFLOP/s per case and provider here")
+    p.add_argument("--rep", metavar="MS", type=_positive_int, default=REP_MS,
+                   help=f"milliseconds of timed runs per measurement (default {REP_MS})")
+    return p
+
+
+def _stages(text: str) -> list[str]:
+    """'all', 'stage5', '5' or 'stage5,stage7' as stage names; ValueError naming those that exist."""
+    if text.strip().lower() == "all":
+        return list(CASES)
+    names = []
+    for part in text.split(","):
+        name = part.strip().lower()
+        name = name if name.startswith("stage") else f"stage{name}"
+        if name not in CASES:
+            raise ValueError(f"argument stage: no benchmark cases for {part.strip()!r}; the stages with cases "
+                             f"are: {', '.join(CASES)} (or all)")
+        names.append(name)
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", help=f"stage to benchmark: {', '.join(CASES)}")
-    parser.add_argument("--solutions", action="store_true", help="time solutions/ instead of stages/")
-    parser.add_argument("--providers", help="comma-separated providers (default: the stage's list)")
-    parser.add_argument("--json", metavar="PATH", help="write the rows {stage, case, provider, ms, tflops} here")
-    parser.add_argument("--rep", type=int, default=100, help="milliseconds of timed runs per measurement")
-    args = parser.parse_args(argv)
-    stage = args.stage.strip().lower()
-    stage = stage if stage.startswith("stage") else f"stage{stage}"
-    if stage not in CASES:
-        print(f"no benchmark cases for {args.stage}; the stages with cases are: {', '.join(CASES)}", file=sys.stderr)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:                      # argparse has printed the usage and the error (or --help)
+        return int(exc.code or 0)
+    try:
+        stages = _stages(args.stage)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()] if args.providers else None
+    unknown = [p for p in providers or [] if p not in PROVIDER_NAMES]
+    if providers is not None and (unknown or not providers):
+        print(f"argument --providers: unknown provider {', '.join(map(repr, unknown)) or '(none given)'}; "
+              f"the providers are: {', '.join(PROVIDER_NAMES)}", file=sys.stderr)
         return 2
     if not runtime.ON_GPU:
         print(f"python -m grader bench times kernels on a CUDA GPU, and none is visible here "
               f"({runtime.describe()}); run it on a machine with an NVIDIA GPU.", file=sys.stderr)
         return 2
-    source = "solutions" if args.solutions else "stages"
-    print(f"benchmarking {stage} ({source}/) on {runtime.describe()}", flush=True)
-    rows = run(stage, source=source, providers=args.providers.split(",") if args.providers else None, rep=args.rep)
+    from kernels.loader import ROOT
+    source = "stages" if args.learner else "solutions"
+    if source == "solutions" and not (ROOT / "solutions").is_dir():
+        print("this copy of the workbook has no solutions/: timing your stages/ files (--learner)")
+        source = "stages"
+    print(f"benchmarking {', '.join(stages)} ({source}/) on {runtime.describe()}; bfloat16, do_bench median of "
+          f"{args.rep} ms after {WARMUP_MS} ms of warm-up", flush=True)
+    rows, start = [], time.perf_counter()
+    for stage in stages:
+        began = time.perf_counter()
+        print(f"{stage}:", flush=True)
+        rows += run(stage, source=source, providers=providers, rep=args.rep)
+        print(f"  ({time.perf_counter() - began:.0f} s)", flush=True)
     print()
     print(table(rows))
+    print(f"\n{len(rows)} rows in {time.perf_counter() - start:.0f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{k: r[k] for k in ("stage", "case", "provider", "ms", "tflops", "note")} for r in rows], f,
-                      indent=1)
+        write_json(rows, args.json)
         print(f"wrote {args.json}")
+    if args.plot:
+        plot(rows, args.plot, title=f"{runtime.describe()}, bfloat16 ({source}/)")
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -1,0 +1,240 @@
+"""python -m grader bench without a GPU: FLOP counts, cases, the check-then-time loop, the table,
+JSON, the plot and the command line."""
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+
+from grader import bench, stages
+from grader.bench import Case
+from kernels import masks, reference, runtime
+from kernels.loader import ROOT
+
+F32 = torch.float32
+HAS_SOLUTIONS = (ROOT / "solutions").is_dir()
+
+
+def _brute_force_pairs(nq, nk, **opts) -> int:
+    return int(masks.materialize(masks.attention_mask(nq, nk, **opts), nq, nk).sum())
+
+
+@pytest.mark.parametrize("nq, nk, opts", [
+    (37, 37, {}), (20, 53, {}),
+    (64, 64, dict(causal=True)), (19, 70, dict(causal=True)), (70, 19, dict(causal=True)),
+    (1, 33, dict(causal=True)), (33, 1, dict(causal=True)),
+    (64, 64, dict(causal=True, window=1)), (64, 64, dict(causal=True, window=9)),
+    (40, 70, dict(causal=True, window=16)), (70, 40, dict(causal=True, window=16)),
+    (50, 50, dict(causal=True, window=200)),
+    (64, 64, dict(causal=True, window=8, sink_tokens=3)), (40, 70, dict(causal=True, window=5, sink_tokens=20)),
+    (70, 40, dict(causal=True, window=6, sink_tokens=4)), (30, 30, dict(causal=True, window=50, sink_tokens=5)),
+    (64, 64, dict(causal=True, sink_tokens=4)),
+])
+def test_visible_pairs_match_a_brute_force_count(nq, nk, opts):
+    assert bench.visible_pairs(nq, nk, **opts) == _brute_force_pairs(nq, nk, **opts)
+
+
+def test_visible_pairs_at_a_benchmark_size():
+    assert bench.visible_pairs(4096, 4096, causal=True, window=1024) == \
+        _brute_force_pairs(4096, 4096, causal=True, window=1024)
+
+
+def test_flops_count_visible_pairs_and_backward_is_two_and_a_half_forwards():
+    fwd = Case(2, 8, 100, 90, 64, kv_heads=2, causal=True, window=10, sink_tokens=2)
+    assert fwd.flops == 4 * 2 * 8 * 64 * _brute_force_pairs(100, 90, causal=True, window=10, sink_tokens=2)
+    assert dataclasses.replace(fwd, backward=True).flops * 2 == fwd.flops * 5
+    assert dataclasses.replace(fwd, sinks=True).flops == fwd.flops      # learned sinks add no pair
+    with pytest.raises(ValueError, match="causal"):
+        Case(1, 1, 8, 8, 16, window=4)
+
+
+def test_every_stage_has_cases_its_solution_can_run_and_valid_providers():
+    source = "solutions" if HAS_SOLUTIONS else "stages"
+    assert list(bench.CASES) == sorted(bench.CASES, key=lambda s: int(s[5:]))
+    for stage, cases in bench.CASES.items():
+        stages.find(stage)
+        assert cases, stage
+        names = [c.name for c in cases]
+        assert len(set(names)) == len(names), f"{stage}: two cases share a name"
+        providers = bench.PROVIDERS.get(stage, bench.DEFAULT_PROVIDERS)
+        assert providers[0] == "solution" and set(providers) <= set(bench.PROVIDER_NAMES), stage
+        for name in providers:
+            assert bench.provider(name, stage, source).name == name
+        solution = bench.StageKernel(stage, source)
+        for case in cases:                   # the stage's own kernel takes every option of its cases
+            assert case.dtype == torch.bfloat16
+            fn = solution.module.flash_attention_backward if case.backward else solution.module.flash_attention
+            solution._options(case, fn)
+    assert [c.name for c in bench.CASES["stage9"] if c.backward] == \
+        [c.name.replace(" fwd", " bwd") for c in bench.CASES["stage9"] if not c.backward]
+
+
+def test_checked_heads_cover_a_whole_group_for_the_backward():
+    assert bench.checked_heads(Case(4, 16, 64, 64, 64)) == (2, 2)
+    assert bench.checked_heads(Case(4, 32, 64, 64, 64, kv_heads=8)) == (2, 1)
+    assert bench.checked_heads(Case(4, 32, 64, 64, 64, kv_heads=8, backward=True)) == (4, 1)
+    assert bench.checked_heads(Case(4, 16, 64, 64, 64, backward=True)) == (2, 2)
+    assert bench.checked_heads(Case(1, 2, 64, 64, 64, kv_heads=1, backward=True)) == (2, 1)
+
+
+class _Torch(bench.Provider):
+    """PyTorch's attention in the inputs' dtype (right), optionally with a defect."""
+
+    def __init__(self, name, o_scale=1.0, dk_scale=1.0, fail=False):
+        self.name, self.o_scale, self.dk_scale, self.fail = name, o_scale, dk_scale, fail
+
+    def attend(self, case, x):
+        if self.fail:
+            raise ZeroDivisionError("this provider breaks")
+        return lambda q, k, v, sinks: reference.attention(q, k, v, sinks=sinks, compute_dtype=q.dtype,
+                                                          **case.mask)[0] * self.o_scale
+
+    def backward(self, case, x):
+        g, o = super().backward(case, x)
+        return (lambda: (lambda dq, dk, dv, *rest: (dq, dk * self.dk_scale, dv, *rest))(*g())), o
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
+def test_bench_checks_then_times_each_provider_and_reports_the_others(backward):
+    case = Case(1, 4, 48, 48, 16, kv_heads=2, causal=True, window=8, sinks=True, backward=backward, dtype=F32)
+    timed = []
+
+    def timer(fn):
+        timed.append(fn())
+        return 0.5
+
+    providers = [_Torch("right"), _Torch("o-off", o_scale=1.01), _Torch("dk-off", dk_scale=1.01),
+                 _Torch("broken", fail=True), "sdpa-flash"]
+    rows = bench.run("stage9", cases=[case], providers=providers, device="cpu", timer=timer, log=lambda *a, **k: None)
+    got = {r["provider"]: r for r in rows}
+    assert list(got) == ["right", "o-off", "dk-off", "broken", "sdpa-flash"]
+    assert got["right"]["note"] == "" and got["right"]["ms"] == 0.5
+    assert got["right"]["tflops"] == pytest.approx(case.flops / 0.5 * 1e-9)
+    assert got["o-off"]["note"].startswith("wrong: o:") and got["o-off"]["ms"] is None
+    if backward:
+        assert got["dk-off"]["note"].startswith("wrong: dk:")
+    else:
+        assert got["dk-off"]["note"] == ""
+    assert got["broken"]["note"] == "failed: ZeroDivisionError: this provider breaks"
+    assert got["sdpa-flash"]["note"] == "n/a: SDPA has no sliding window"
+    assert len(timed) == (1 if backward else 2)           # only what passed the check was timed
+    if backward:
+        assert len(timed[0]) == 4 and timed[0][3].shape == (4,)   # dq, dk, dv and dsinks
+
+
+@pytest.mark.skipif(not HAS_SOLUTIONS, reason="this copy of the workbook has no solutions/")
+def test_bench_runs_the_stage_solution_forward_and_backward():
+    cases = [Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sinks=True, dtype=F32),
+             Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sinks=True, backward=True, dtype=F32)]
+    rows = bench.run("stage9", source="solutions", cases=cases, providers=["solution"], device="cpu",
+                     timer=lambda fn: 1.0, log=lambda *a, **k: None)
+    assert [(r["note"], r["ms"]) for r in rows] == [("", 1.0), ("", 1.0)]
+    rows = bench.run("stage5", source="solutions", cases=cases[:1], providers=["solution"], device="cpu",
+                     timer=lambda fn: 1.0, log=lambda *a, **k: None)
+    assert rows[0]["note"] == "n/a: stage5's flash_attention has no window option"
+
+
+def test_flex_masks_follow_each_case_with_one_mask_mod_per_kind():
+    flex = bench.FlexMasks("cpu")
+    seen = {}
+    for nq, nk, w, s in ((40, 40, 4, 0), (40, 40, 11, 0), (30, 50, 7, 0), (50, 30, 5, 3), (40, 40, 9, 2)):
+        case = Case(1, 1, nq, nk, 16, causal=True, window=w, sink_tokens=s)
+        mask_mod = flex.mask_mod(case)
+        seen.setdefault(s > 0, set()).add(id(mask_mod))
+        expected = masks.materialize(masks.attention_mask(nq, nk, **case.mask), nq, nk)
+        assert torch.equal(masks.materialize(mask_mod, nq, nk), expected), case.name
+    assert all(len(ids) == 1 for ids in seen.values())   # a new window reuses the function, so its kernel
+    case = Case(1, 1, 30, 50, 16, causal=True)
+    assert torch.equal(masks.materialize(flex.mask_mod(case), 30, 50),
+                       masks.materialize(masks.attention_mask(30, 50, causal=True), 30, 50))
+
+
+def test_flex_learned_sinks_correction_matches_the_reference(monkeypatch):
+    import torch.nn.attention.flex_attention as fa
+    monkeypatch.setattr(fa, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)   # eager flex: no compiler here
+    case = Case(2, 4, 64, 80, 16, kv_heads=2, sinks=True, dtype=F32)
+    x = bench.make_inputs(case, "cpu", seed=3)
+    x.sinks[0], x.sinks[1] = 30.0, -30.0
+    refs = bench._reference(case, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o = bench._flex_with_sinks(x.q, x.k, x.v, x.sinks, None, True)
+        plain = bench._flex_plain(x.q, x.k, x.v, None, True)
+    assert bench._verify({"o": o}, refs, case) is None
+    assert bench._verify({"o": plain}, refs, case).startswith("o: max error")
+
+
+ROWS = [
+    {"stage": "stage7", "case": "A fwd", "provider": "solution", "ms": 1.0, "tflops": 200.0, "note": ""},
+    {"stage": "stage7", "case": "A fwd", "provider": "sdpa-flash", "ms": None, "tflops": None,
+     "note": "n/a: SDPA has no sliding window"},
+    {"stage": "stage7", "case": "A fwd", "provider": "flex", "ms": 2.0, "tflops": 100.0, "note": ""},
+    {"stage": "stage7", "case": "B fwd", "provider": "solution", "ms": None, "tflops": None,
+     "note": "wrong: o: max error 1 > allowed 0.1"},
+    {"stage": "stage7", "case": "B fwd", "provider": "sdpa-flash", "ms": None, "tflops": None,
+     "note": "n/a: SDPA has no sliding window"},
+    {"stage": "stage7", "case": "B fwd", "provider": "flex", "ms": 1.0, "tflops": 50.0, "note": ""},
+    {"stage": "stage8", "case": "C fwd", "provider": "solution", "ms": 1.0, "tflops": 30.0, "note": ""},
+    {"stage": "stage8", "case": "C fwd", "provider": "flex", "ms": 1.0, "tflops": 40.0, "note": ""},
+]
+
+
+def test_table_shows_throughput_ratios_and_notes():
+    text = bench.table(ROWS)
+    lines = text.splitlines()
+    a = next(line for line in lines if line.startswith("A fwd"))
+    assert a.split() == ["A", "fwd", "200.0", "n/a", "100.0", "-", "2.00x"]
+    b = next(line for line in lines if line.startswith("B fwd"))
+    assert b.split() == ["B", "fwd", "wrong", "n/a", "50.0", "-", "-"]
+    c = next(line for line in lines if line.startswith("C fwd"))
+    assert c.split() == ["C", "fwd", "30.0", "40.0", "0.75x"]
+    assert lines.index("stage7:") < lines.index("stage8:") < lines.index(c)
+    assert "  stage7 2 cases / sdpa-flash: n/a: SDPA has no sliding window" in lines
+    assert "  stage7 B fwd / solution: wrong: o: max error 1 > allowed 0.1" in lines
+
+
+def test_json_rows_round_trip(tmp_path):
+    path = tmp_path / "bench.json"
+    bench.write_json([dict(r, extra="dropped") for r in ROWS], path)
+    assert json.loads(path.read_text()) == ROWS
+
+
+def test_plot_writes_a_png_with_a_panel_per_stage(tmp_path):
+    import matplotlib.image
+    one, two = tmp_path / "one.png", tmp_path / "two.png"
+    bench.plot(ROWS[:6], one)
+    bench.plot(ROWS, two, title="test")
+    assert one.read_bytes()[:8] == two.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(two).shape[0] > matplotlib.image.imread(one).shape[0]
+
+
+def test_command_line_arguments(capsys):
+    p = bench.parser()
+    assert p.parse_args(["stage5", "--learner"]).learner
+    assert p.parse_args(["all", "--solutions"]).solutions          # the old flag, now the default
+    assert "--solutions" not in p.format_help() and "--learner" in p.format_help()
+    assert bench._stages("all") == list(bench.CASES)
+    assert bench._stages("5,stage7") == ["stage5", "stage7"]
+
+    assert bench.main(["stage99"]) == 2
+    err = capsys.readouterr().err
+    assert "stage99" in err and all(stage in err for stage in bench.CASES) and "all" in err
+    assert bench.main(["stage5", "--providers", "solution,nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--providers" in err and "'nope'" in err and "flex" in err
+    assert bench.main(["stage5", "--rep", "0"]) == 2
+    assert "--rep" in capsys.readouterr().err
+    assert bench.main(["stage5", "--learner", "--solutions"]) == 2
+    assert "--learner" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(runtime.ON_GPU, reason="checks the message given where no GPU is visible")
+@pytest.mark.parametrize("argv", [["stage5"], ["all", "--learner", "--json", "x.json"]])
+def test_without_a_gpu_bench_says_why_and_returns_2(argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "GPU" in err and "python -m grader bench" in err
+    assert not (tmp_path / "x.json").exists()
