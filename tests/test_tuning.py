@@ -1,0 +1,85 @@
+"""kernels/tuning.py: which tile a call gets, with and without the autotuner."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels import runtime, tuning
+from kernels.loader import load_stage
+
+TABLES = {"forward": tuning.FORWARD_TILES}
+
+
+def _stage9_tables():
+    stage9 = load_stage("stage9", "solutions")
+    return {"dkdv": stage9.DKDV_TILES, "dq": stage9.DQ_TILES}
+
+
+class _FakeAutotuned:
+    """Stands in for a triton.autotune object: ``fn`` is the kernel without the tuner."""
+    fn = object()
+
+
+def test_row_for_each_head_dim():
+    tiles = tuning.FORWARD_TILES
+    assert tuning._entries(tiles, 16) is tiles[64]       # the smallest listed head dim that holds it
+    assert tuning._entries(tiles, 64) is tiles[64]
+    assert tuning._entries(tiles, 128) is tiles[128]
+    assert tuning._entries(tiles, 256) is tiles[256]
+
+
+@pytest.mark.parametrize("name", ["forward", "dkdv", "dq"])
+def test_tables_are_well_formed(name):
+    tiles = TABLES[name] if name in TABLES else _stage9_tables()[name]
+    assert max(tiles) >= 256, "every head dim up to 256 needs a row"
+    for head_dim, rows in tiles.items():
+        assert rows, f"{name}: empty row for head dim {head_dim}"
+        assert len(set(rows)) == len(rows), f"{name}: a tile listed twice for head dim {head_dim}"
+        for bm, bn, warps, stages in rows:
+            for size in (bm, bn):
+                assert size >= 16 and size & (size - 1) == 0, f"{name}: block size {size} is not a power of two >= 16"
+            assert warps in (2, 4, 8) and 1 <= stages <= 5
+
+
+def test_autotune_prunes_to_the_call_head_dim():
+    kernel = load_stage("stage5", "solutions")._flash_forward_kernel      # a real tuning.autotune kernel
+    assert len(kernel.configs) == sum(len(rows) for rows in tuning.FORWARD_TILES.values())
+    for head_dim in (32, 64, 128, 256):
+        configs = kernel.early_config_prune(kernel.configs, {}, HEAD_DIM_PAD=head_dim)
+        got = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs]
+        assert got == tuning._entries(tuning.FORWARD_TILES, head_dim)
+
+
+def test_plan_on_the_interpreter_uses_the_interpreter_tile(monkeypatch):
+    monkeypatch.setattr(runtime, "ON_GPU", False)
+    kernel, tile = tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 64, 8192, 8192, interpreter_tile=(32, 16, 4, 1))
+    assert kernel is _FakeAutotuned.fn
+    assert tile == {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+
+
+def test_plan_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    long, short = tuning.TUNE_FROM, tuning.TUNE_FROM // 2
+    # long sequences: the autotuner, which picks the tile itself
+    assert tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, long, 1, interpreter_tile=(32, 32, 4, 1)) == (
+        _FakeAutotuned, {})
+    first = tuning.FORWARD_TILES[128][0]
+    fixed = {"BLOCK_M": first[0], "BLOCK_N": first[1], "num_warps": first[2], "num_stages": first[3]}
+    # short sequences, or counted visits: the first entry, untimed
+    assert tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, short, 1, interpreter_tile=(32, 32, 4, 1)) == (
+        _FakeAutotuned.fn, fixed)
+    assert tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, long, 1, interpreter_tile=(32, 32, 4, 1),
+                       counting=True) == (_FakeAutotuned.fn, fixed)
+    # a tile asked for wins over the table, and switches the autotuner off
+    kernel, tile = tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, long, 1, interpreter_tile=(32, 32, 4, 1),
+                               block_n=32)
+    assert kernel is _FakeAutotuned.fn and tile["BLOCK_N"] == 32 and tile["BLOCK_M"] == first[0]
+
+
+def test_chosen_describes_the_last_config():
+    assert tuning.chosen(object()) == "not tuned"
+    import triton
+
+    class Tuned:
+        best_config = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)
+    assert tuning.chosen(Tuned) == "BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3"
