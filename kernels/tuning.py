@@ -53,9 +53,9 @@ def _entries(tiles: dict, head_dim_pad: int) -> list[tuple[int, int, int, int]]:
     return tiles[fits[0] if fits else max(tiles)]
 
 
-def autotune(tiles: dict, key: list[str], names: tuple[str, str] = ("BLOCK_M", "BLOCK_N")):
+def autotune(tiles: dict, key: list[str]):
     """``triton.autotune`` over every tile of ``tiles``, pruned to the call's HEAD_DIM_PAD."""
-    by_dim = {d: [triton.Config({names[0]: bm, names[1]: bn}, num_warps=w, num_stages=s)
+    by_dim = {d: [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                   for bm, bn, w, s in rows] for d, rows in tiles.items()}
 
     def prune(configs, named_args, **kwargs):
@@ -72,8 +72,7 @@ def first_entry(tiles: dict, head_dim_pad: int, interpreter_tile: tuple) -> tupl
 
 
 def plan(kernel, tiles: dict, head_dim_pad: int, n_q: int, n_k: int, *, interpreter_tile: tuple,
-         block_m: int | None = None, block_n: int | None = None, counting: bool = False,
-         names: tuple[str, str] = ("BLOCK_M", "BLOCK_N")):
+         block_m: int | None = None, block_n: int | None = None, counting: bool = False):
     """``(kernel to launch, meta-parameters to pass it)`` for one call.
 
     The autotuner (``kernel`` itself, no meta-parameters: it adds them) on a GPU for at least
@@ -85,15 +84,6 @@ def plan(kernel, tiles: dict, head_dim_pad: int, n_q: int, n_k: int, *, interpre
     if runtime.ON_GPU and not fixed and n_q * n_k >= TUNE_FROM:
         return kernel, {}
     bm, bn, warps, stages = first_entry(tiles, head_dim_pad, interpreter_tile)
-    return kernel.fn, {names[0]: block_m if block_m is not None else bm,
-                       names[1]: block_n if block_n is not None else bn,
+    return kernel.fn, {"BLOCK_M": block_m if block_m is not None else bm,
+                       "BLOCK_N": block_n if block_n is not None else bn,
                        "num_warps": warps, "num_stages": stages}
-
-
-def chosen(kernel) -> str:
-    """The tile the autotuner last used for ``kernel``, as text (for benchmark logs)."""
-    config = getattr(kernel, "best_config", None)
-    if config is None:
-        return "not tuned"
-    return (", ".join(f"{k}={v}" for k, v in config.kwargs.items())
-            + f", num_warps={config.num_warps}, num_stages={config.num_stages}")

@@ -74,12 +74,3 @@ def test_plan_on_a_gpu(monkeypatch):
     kernel, tile = tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, long, 1, interpreter_tile=(32, 32, 4, 1),
                                block_n=32)
     assert kernel is _FakeAutotuned.fn and tile["BLOCK_N"] == 32 and tile["BLOCK_M"] == first[0]
-
-
-def test_chosen_describes_the_last_config():
-    assert tuning.chosen(object()) == "not tuned"
-    import triton
-
-    class Tuned:
-        best_config = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8, num_stages=3)
-    assert tuning.chosen(Tuned) == "BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3"
