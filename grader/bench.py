@@ -5,7 +5,7 @@
     python -m grader bench all                     every stage with cases, in order (minutes: flex compiles)
     python -m grader bench stage7,stage8           several stages
     python -m grader bench stage9 --providers solution,flex
-    python -m grader bench all --json out.json     rows {stage, case, provider, ms, tflops, note} as JSON
+    python -m grader bench all --json out.json     rows {stage, case, provider, ms, tflops, peak_mib, ...}
     python -m grader bench all --plot out.png      a bar chart of TFLOP/s, one panel per stage
     python -m grader bench stage4 --rep 500        longer measurements (milliseconds of timed runs)
 
@@ -46,6 +46,12 @@ batch 0 and two query heads; for backward cases also dq, dk and dv on a whole GQ
 query heads that share kv head 0, at least two) against float64 autograd through the
 reference, within 3x PyTorch's own bfloat16 error.  A provider that fails is reported
 "wrong: <why>" and not timed.
+
+Memory: after the check, each provider runs once more (a forward; for backward cases its forward
+and then its backward) while torch.cuda tracks the peak of allocated memory; ``peak_mib`` is that
+peak less what was allocated before (the case's inputs), in MiB; ``input_mib`` is the inputs' size.  The table prints it beside the
+size of the inputs (q, k, v and, for backward cases, dO): FlashAttention's working memory grows
+like its inputs, linearly in N, where materialising the N x N scores would grow quadratically.
 """
 
 from __future__ import annotations
@@ -66,7 +72,8 @@ import torch
 
 WARMUP_MS = 25
 REP_MS = 100
-JSON_KEYS = ("stage", "case", "provider", "ms", "tflops", "note")
+JSON_KEYS = ("stage", "case", "provider", "ms", "tflops", "peak_mib", "input_mib", "note")
+MIB = 2 ** 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,6 +155,14 @@ class Case:
     @property
     def pairs(self) -> int:
         return visible_pairs(self.n_q, self.n_k, **self.mask)
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of q, k, v (and dO for a backward case): what any attention has to hold."""
+        q = self.batch * self.heads * self.n_q * self.head_dim
+        kv = 2 * self.batch * self.hkv * self.n_k * self.head_dim
+        size = torch.tensor([], dtype=self.dtype).element_size()
+        return (q * (2 if self.backward else 1) + kv) * size
 
     @property
     def flops(self) -> int:
@@ -502,8 +517,27 @@ def _free(device, *, collect: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
-def _measure(prov, case: Case, x: Inputs, refs: dict, timer: Callable) -> tuple[float | None, str]:
-    """(milliseconds, "") if the provider's output passes the check, else (None, why not)."""
+def peak_memory(make: Callable, device) -> float | None:
+    """MiB allocated at the peak of ``make()`` beyond what was allocated before it (None off CUDA)."""
+    if torch.device(device).type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    made = make()                                    # held until the peak is read
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del made
+    return peak / MIB
+
+
+def _measure(prov, case: Case, x: Inputs, refs: dict, timer: Callable, memory: Callable
+             ) -> tuple[float | None, str, float | None]:
+    """(milliseconds, "", peak MiB) if the provider's output passes the check, else (None, why not, None).
+
+    The peak is taken on a run of its own after the check: the first call may compile, or time
+    tiles, with buffers of its own.
+    """
     caught = []
     try:
         if isinstance(prov, Exception):              # the provider could not be made (a stage file that
@@ -522,19 +556,35 @@ def _measure(prov, case: Case, x: Inputs, refs: dict, timer: Callable) -> tuple[
                 outputs = {"o": fn()}
         problem = _verify(outputs, refs, case)
         if problem:
-            return None, f"wrong: {problem}"
-        return timer(fn), ""
+            return None, f"wrong: {problem}", None
+        del outputs
+        if case.backward:
+            fresh = {}
+
+            def forward_and_backward():
+                fresh["g"], o = prov.backward(case, x)
+                return o, fresh["g"]()
+            peak = memory(forward_and_backward)
+            # Time the graph just made: making it may have refilled tensors the first one saved
+            # (flex's mask parameters), which autograd would refuse to reuse.
+            fn = fresh.get("g", fn)
+        else:
+            peak = memory(fn)
+        return timer(fn), "", peak
     except NotApplicable as exc:
-        return None, f"n/a: {exc}"
+        return None, f"n/a: {exc}", None
     except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
-        return None, _failure(exc, caught)
+        return None, _failure(exc, caught), None
 
 
 def bench_case(stage: str, case: Case, providers: dict, *, timer: Callable, device="cuda", seed: int = 0,
-               log=print) -> list[dict]:
-    """Check, then time, every provider on one case; one row per provider, never raising."""
-    rows = [{"stage": stage, "case": case.name, "provider": name, "ms": None, "tflops": None, "note": ""}
-            for name in providers]
+               log=print, memory: Callable | None = None) -> list[dict]:
+    """Check, then time, every provider on one case; one row per provider, never raising.
+
+    ``memory(make)`` runs ``make()`` and returns its peak MiB (default :func:`peak_memory`)."""
+    memory = memory or (lambda make: peak_memory(make, device))
+    rows = [{"stage": stage, "case": case.name, "provider": name, "ms": None, "tflops": None, "peak_mib": None,
+             "input_mib": case.input_bytes / MIB, "note": ""} for name in providers]
     try:
         x = make_inputs(case, device, seed)
         refs = _reference(case, x)
@@ -546,7 +596,7 @@ def bench_case(stage: str, case: Case, providers: dict, *, timer: Callable, devi
         _free(device, collect=True)
         return rows
     for row, prov in zip(rows, providers.values()):
-        row["ms"], row["note"] = _measure(prov, case, x, refs, timer)
+        row["ms"], row["note"], row["peak_mib"] = _measure(prov, case, x, refs, timer, memory)
         if row["ms"] is not None:
             row["tflops"] = case.flops / row["ms"] * 1e-9
         _free(device)
@@ -557,12 +607,14 @@ def bench_case(stage: str, case: Case, providers: dict, *, timer: Callable, devi
 
 
 def run(stage: str, *, source: str = "solutions", providers: list | None = None, cases: list[Case] | None = None,
-        warmup: int = WARMUP_MS, rep: int = REP_MS, log=print, device="cuda", timer: Callable | None = None
-        ) -> list[dict]:
-    """Time every provider on every case of ``stage``; rows {stage, case, provider, ms, tflops, note}.
+        warmup: int = WARMUP_MS, rep: int = REP_MS, log=print, device="cuda", timer: Callable | None = None,
+        memory: Callable | None = None) -> list[dict]:
+    """Time every provider on every case of ``stage``; rows {stage, case, provider, ms, tflops, peak_mib,
+    input_mib, note}.
 
     ``providers``: names (default: the stage's list) or :class:`Provider` objects.  ``timer(fn)``
-    returns milliseconds (default: ``do_bench``'s median of ``rep`` ms after ``warmup`` ms).
+    returns milliseconds (default: ``do_bench``'s median of ``rep`` ms after ``warmup`` ms);
+    ``memory(make)`` the peak MiB of ``make()`` (default: :func:`peak_memory` on ``device``).
     """
     cases = cases if cases is not None else CASES.get(stage)
     if not cases:
@@ -583,7 +635,7 @@ def run(stage: str, *, source: str = "solutions", providers: list | None = None,
             made[p] = exc
     rows = []
     for seed, case in enumerate(cases):
-        rows += bench_case(stage, case, made, timer=timer, device=device, seed=seed, log=log)
+        rows += bench_case(stage, case, made, timer=timer, device=device, seed=seed, log=log, memory=memory)
     return rows
 
 
@@ -595,7 +647,8 @@ def _format_row(row: dict) -> str:
     head = f"  {row['case']:<42} {row['provider']:<14}"
     if row["ms"] is None:
         return f"{head} {row['note']}"
-    return f"{head} {row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+    peak = f" {row['peak_mib']:8.0f} MiB peak" if row.get("peak_mib") is not None else ""
+    return f"{head} {row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s{peak}"
 
 
 def _cell(row: dict | None) -> str:
@@ -630,6 +683,16 @@ def table(rows: list[dict]) -> str:
                 ok = sol and sol["tflops"] and r and r["tflops"]
                 line += f"{sol['tflops'] / r['tflops']:>{w - 1}.2f}x" if ok else f"{'-':>{w}}"
             lines.append(line)
+        if any(r.get("peak_mib") is not None for r in mine):
+            lines += ["", f"{stage} peak memory, MiB beyond the inputs (bwd: the forward, then the backward):",
+                      f"{'case':<{width}}{'inputs':>10}" + "".join(f"{n:>{w}}" for n, w in zip(names, cols))]
+            for c in cases:
+                size = next((r["input_mib"] for r in mine if r["case"] == c and r.get("input_mib")), None)
+                line = f"{c:<{width}}" + (f"{size:>10.0f}" if size else f"{'-':>10}")
+                for n, w in zip(names, cols):
+                    peak = (get.get((c, n)) or {}).get("peak_mib")
+                    line += f"{peak:>{w}.0f}" if peak is not None else f"{'-':>{w}}"
+                lines.append(line)
     notes: dict[tuple, list[str]] = {}               # the same note for several cases is said once
     for r in rows:
         if r["note"]:
@@ -643,7 +706,7 @@ def table(rows: list[dict]) -> str:
 
 
 def write_json(rows: list[dict], path) -> None:
-    """The rows as a JSON list of {stage, case, provider, ms, tflops, note}."""
+    """The rows as a JSON list of {stage, case, provider, ms, tflops, peak_mib, input_mib, note}."""
     with open(path, "w") as f:
         json.dump([{k: r.get(k) for k in JSON_KEYS} for r in rows], f, indent=1)
         f.write("\n")
@@ -716,7 +779,7 @@ def parser() -> argparse.ArgumentParser:
     who.add_argument("--solutions", action="store_true", help=argparse.SUPPRESS)   # the default; kept for old commands
     p.add_argument("--providers", metavar="A,B",
                    help=f"comma-separated providers (default: the stage's list); of {', '.join(PROVIDER_NAMES)}")
-    p.add_argument("--json", metavar="PATH", help="write the rows {stage, case, provider, ms, tflops, note} here")
+    p.add_argument("--json", metavar="PATH", help="write the rows {stage, case, provider, ms, tflops, peak_mib, input_mib, note} here")
     p.add_argument("--plot", metavar="PATH", help="save a bar chart (PNG) of TFLOP/s per case and provider here")
     p.add_argument("--rep", metavar="MS", type=_positive_int, default=REP_MS,
                    help=f"milliseconds of timed runs per measurement (default {REP_MS})")

@@ -99,15 +99,20 @@ class _Torch(bench.Provider):
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
 def test_bench_checks_then_times_each_provider_and_reports_the_others(backward):
     case = Case(1, 4, 48, 48, 16, kv_heads=2, causal=True, window=8, sinks=True, backward=backward, dtype=F32)
-    timed = []
+    timed, metered = [], []
 
     def timer(fn):
         timed.append(fn())
         return 0.5
 
+    def memory(make):                   # stands in for torch.cuda's peak: records what one run made
+        metered.append(make())
+        return 12.5
+
     providers = [_Torch("right"), _Torch("o-off", o_scale=1.01), _Torch("dk-off", dk_scale=1.01),
                  _Torch("broken", fail=True), "sdpa-flash"]
-    rows = bench.run("stage9", cases=[case], providers=providers, device="cpu", timer=timer, log=lambda *a, **k: None)
+    rows = bench.run("stage9", cases=[case], providers=providers, device="cpu", timer=timer, memory=memory,
+                     log=lambda *a, **k: None)
     got = {r["provider"]: r for r in rows}
     assert list(got) == ["right", "o-off", "dk-off", "broken", "sdpa-flash"]
     assert got["right"]["note"] == "" and got["right"]["ms"] == 0.5
@@ -120,8 +125,44 @@ def test_bench_checks_then_times_each_provider_and_reports_the_others(backward):
     assert got["broken"]["note"] == "failed: ZeroDivisionError: this provider breaks"
     assert got["sdpa-flash"]["note"] == "n/a: SDPA has no sliding window"
     assert len(timed) == (1 if backward else 2)           # only what passed the check was timed
+    assert len(metered) == len(timed)                     # ... and had its memory measured
+    assert [r["peak_mib"] for r in rows] == ([12.5, None, None, None, None] if backward else
+                                             [12.5, None, 12.5, None, None])
+    assert all(r["input_mib"] == case.input_bytes / 2 ** 20 for r in rows)
     if backward:
         assert len(timed[0]) == 4 and timed[0][3].shape == (4,)   # dq, dk, dv and dsinks
+        o, grads = metered[0]                             # a fresh forward, then its backward
+        assert o.shape == (1, 4, 48, 16) and len(grads) == 4 and grads[1].shape == (1, 2, 48, 16)
+    else:
+        assert metered[0].shape == (1, 4, 48, 16)
+
+
+class _Refills(bench.Provider):
+    """Refills, in place, a tensor its graph saves each time it is set up (as flex does its mask's numbers)."""
+    name = "refills"
+
+    def __init__(self):
+        self.scale = torch.ones(())
+
+    def attend(self, case, x):
+        self.scale.fill_(1.0)
+        return lambda q, k, v, sinks: reference.attention(q * self.scale, k, v, sinks=sinks, compute_dtype=q.dtype,
+                                                          **case.mask)[0]
+
+
+def test_backward_times_the_graph_made_last():
+    case = Case(1, 2, 24, 24, 16, causal=True, backward=True, dtype=F32)
+    rows = bench.run("stage9", cases=[case], providers=[_Refills()], device="cpu", timer=lambda fn: fn() and 1.0,
+                     memory=lambda make: make() and 2.0, log=lambda *a, **k: None)
+    assert (rows[0]["note"], rows[0]["ms"], rows[0]["peak_mib"]) == ("", 1.0, 2.0)
+
+
+def test_input_bytes_count_q_k_v_and_the_backward_s_do():
+    case = Case(2, 8, 100, 60, 16, kv_heads=2, dtype=F32)
+    assert case.input_bytes == (2 * 8 * 100 * 16 + 2 * 2 * 2 * 60 * 16) * 4
+    back = dataclasses.replace(case, backward=True, dtype=torch.bfloat16)
+    assert back.input_bytes == (2 * 2 * 8 * 100 * 16 + 2 * 2 * 2 * 60 * 16) * 2
+    assert bench.peak_memory(lambda: torch.zeros(10), "cpu") is None     # torch.cuda keeps no peak for the CPU
 
 
 @pytest.mark.skipif(not HAS_SOLUTIONS, reason="this copy of the workbook has no solutions/")
@@ -167,10 +208,12 @@ def test_flex_learned_sinks_correction_matches_the_reference(monkeypatch):
 
 
 ROWS = [
-    {"stage": "stage7", "case": "A fwd", "provider": "solution", "ms": 1.0, "tflops": 200.0, "note": ""},
+    {"stage": "stage7", "case": "A fwd", "provider": "solution", "ms": 1.0, "tflops": 200.0, "peak_mib": 3.0,
+     "input_mib": 96.0, "note": ""},
     {"stage": "stage7", "case": "A fwd", "provider": "sdpa-flash", "ms": None, "tflops": None,
      "note": "n/a: SDPA has no sliding window"},
-    {"stage": "stage7", "case": "A fwd", "provider": "flex", "ms": 2.0, "tflops": 100.0, "note": ""},
+    {"stage": "stage7", "case": "A fwd", "provider": "flex", "ms": 2.0, "tflops": 100.0, "peak_mib": 40.0,
+     "input_mib": 96.0, "note": ""},
     {"stage": "stage7", "case": "B fwd", "provider": "solution", "ms": None, "tflops": None,
      "note": "wrong: o: max error 1 > allowed 0.1"},
     {"stage": "stage7", "case": "B fwd", "provider": "sdpa-flash", "ms": None, "tflops": None,
@@ -193,12 +236,18 @@ def test_table_shows_throughput_ratios_and_notes():
     assert lines.index("stage7:") < lines.index("stage8:") < lines.index(c)
     assert "  stage7 2 cases / sdpa-flash: n/a: SDPA has no sliding window" in lines
     assert "  stage7 B fwd / solution: wrong: o: max error 1 > allowed 0.1" in lines
+    memory = lines.index("stage7 peak memory, MiB beyond the inputs (bwd: the forward, then the backward):")
+    assert lines[memory + 1].split() == ["case", "inputs", "solution", "sdpa-flash", "flex"]
+    assert lines[memory + 2].split() == ["A", "fwd", "96", "3", "-", "40"]
+    assert lines[memory + 3].split() == ["B", "fwd", "-", "-", "-", "-"]
+    assert not any(line.startswith("stage8 peak memory") for line in lines)     # no stage8 row has a peak
 
 
 def test_json_rows_round_trip(tmp_path):
     path = tmp_path / "bench.json"
     bench.write_json([dict(r, extra="dropped") for r in ROWS], path)
-    assert json.loads(path.read_text()) == ROWS
+    assert json.loads(path.read_text()) == [{k: r.get(k) for k in bench.JSON_KEYS} for r in ROWS]
+    assert set(bench.JSON_KEYS) >= {"stage", "case", "provider", "ms", "tflops", "peak_mib"}
 
 
 def test_plot_writes_a_png_with_a_panel_per_stage(tmp_path):
