@@ -169,10 +169,11 @@ def _flash_forward_kernel(
         full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         full_lo = tl.minimum(full_lo, full_hi)
         sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the sink tokens behind the window, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
+        acc, m_i, l_i, visits = _attend_blocks(                   # the sink tokens behind the window, masked
+            acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
+            offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+            MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
     acc, m_i, l_i, visits = _attend_blocks(                   # the window's leading edge, masked
         acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
         offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
@@ -440,7 +441,8 @@ def _bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
-    # The query blocks to visit: masked [lo, full_lo), whole [full_lo, full_hi), masked [full_hi, hi).
+    # The query blocks to visit: masked [lo, full_lo), whole [full_lo, full_hi), masked [full_hi, hi)
+    # (with a window: all of [lo, hi) masked, see below).
     lo, full_lo, full_hi, hi = _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
                                                 BLOCK_M, BLOCK_N)
     n_key_blocks = tl.num_programs(0)
@@ -450,15 +452,23 @@ def _bwd_dkdv_kernel(
         do_base = DO + b * stride_dob + h * stride_doh + offs_d[None, :] * stride_dod
         stats = (b * H_Q + h) * N_Q                           # this head's rows in LSE and DELTA
         visits_col = VISITS + (b * H_Q + h) * tl.cdiv(N_Q, BLOCK_M) * n_key_blocks + pid_n
-        dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
-                              offs_m, offs_n, d_ok, lo, full_lo, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
-                              visits_col, n_key_blocks, True, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
-        dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
-                              offs_m, offs_n, d_ok, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
-                              visits_col, n_key_blocks, False, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
-        dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
-                              offs_m, offs_n, d_ok, full_hi, hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
-                              visits_col, n_key_blocks, True, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
+        if HAS_WINDOW:
+            # Under a window both ends of the range are masked and, with GQA, this runs once per
+            # query head: one masked loop beats three pipelined ones (measured on an H200,
+            # GQA 32/8, D64, N8192: window 1024 230 -> 256 TFLOP/s, window 128 95 -> 119).
+            dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
+                                  offs_m, offs_n, d_ok, lo, hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+                                  visits_col, n_key_blocks, True, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
+        else:
+            dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
+                                  offs_m, offs_n, d_ok, lo, full_lo, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+                                  visits_col, n_key_blocks, True, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
+            dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
+                                  offs_m, offs_n, d_ok, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+                                  visits_col, n_key_blocks, False, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
+            dk, dv = _dkdv_blocks(dk, dv, k, v, q_base, do_base, stride_qn, stride_don, LSE, DELTA, stats,
+                                  offs_m, offs_n, d_ok, full_hi, hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+                                  visits_col, n_key_blocks, True, HAS_WINDOW, BLOCK_M, COUNT_VISITS)
 
     dk = dk * sm_scale                                        # dS was taken w.r.t. the scaled scores
     tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -534,9 +544,10 @@ def _bwd_dq_kernel(
     # [lo, full_lo), masked; whole blocks [full_lo, full_hi); the diagonal band [full_hi, hi), masked.
     sink_hi, lo, full_lo, full_hi, hi = _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
                                                        BLOCK_M, BLOCK_N)
-    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
-                    N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+    if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
+        dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
+                        N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
+                        True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
     dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
                     True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
