@@ -15,8 +15,8 @@ MUTANTS = [
                    "    return (block_m + 2 * block_n) * (head_dim_padded + ROW_PAD) * itemsize")],
            caught_by=["plan_fits_shared_memory"]),
     Mutant("plan_smallest_first", "walks the candidates from the smallest tile up: little reuse of each K/V tile",
-           edits=[("    for block_m, block_n, num_warps in candidates:\n",
-                   "    for block_m, block_n, num_warps in reversed(candidates):\n")],
+           edits=[("    for block_m, block_n, num_warps in candidate_tiles(head_dim):\n",
+                   "    for block_m, block_n, num_warps in reversed(candidate_tiles(head_dim)):\n")],
            caught_by=["plan_uses_the_budget"]),
     # -- the emulation
     Mutant("emulation_no_rescale", "adds each tile's p @ v without rescaling the running output",
