@@ -26,8 +26,15 @@ class Report:
 
 
 def truncate_tf32(x: torch.Tensor) -> torch.Tensor:
-    """Cut a float32 tensor to TF32 as tensor cores do: keep 10 mantissa bits, drop the rest."""
-    return (x.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+    """Cut a float32 tensor to TF32 as tensor cores do: keep 10 mantissa bits, drop the rest.
+
+    On a tensor that requires grad the cut is straight-through: TF32 values, and gradients that
+    flow as through the float32 tensor (the bit mask alone would stop autograd).
+    """
+    cut = (x.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+    if x.requires_grad:
+        return x.float() + (cut - x.float()).detach()     # exactly cut: the difference is its dropped bits
+    return cut
 
 
 def baseline_dtype(dtype: torch.dtype):

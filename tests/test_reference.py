@@ -126,3 +126,13 @@ def test_tolerance_reports_nan_position_and_tile():
     r = tolerance.compare(out, ref, ref.float(), name="o", dims=("b", "h", "i", "d"), row_dim=2, block_m=16)
     assert not r.ok and "i=33" in r.message and "query block 2" in r.message and "NaN" in r.message
     assert tolerance.compare(ref.float(), ref, ref.float(), name="o").ok
+
+
+def test_tf32_cut_keeps_values_and_lets_gradients_through():
+    from kernels import tolerance
+    x = torch.tensor([1.0 + 2 ** -20, -3.14159, 1e-30], requires_grad=True)
+    cut = tolerance.truncate_tf32(x)
+    assert torch.equal(cut.detach(), tolerance.truncate_tf32(x.detach()))
+    assert cut[0].item() == 1.0 and cut[1].item() != -3.14159
+    (cut * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([1.0, 2.0, 3.0]))
