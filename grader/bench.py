@@ -17,6 +17,8 @@ Providers, timed in the same run on the same inputs:
     flex            torch.compile(flex_attention) with a BlockMask for causal, windows and sink
                     tokens; learned sinks through flex's lse: o * sigmoid(lse - sink[h])
     stage3-triton   stage 3's Triton kernel, head dims padded to a power of two (stage 4 only)
+    solution-tma    solutions/fast_forward_tma.py: the forward of stages 5-7 through TMA
+                    descriptors, the fast variant beside the readable solution (stages 5-7)
 
 GQA goes to SDPA and flex through enable_gqa=True.  A provider that cannot express a case (SDPA
 has no window, sink tokens or learned sinks, and aligns causal masks top-left) is reported
@@ -189,10 +191,12 @@ CASES: dict[str, list[Case]] = {
                   for c in _both(**_GQA_LONG, window=w, sinks=sinks)]),
 }
 
-PROVIDER_NAMES = ("solution", "sdpa-flash", "sdpa-cudnn", "flex", "stage3-triton")
+PROVIDER_NAMES = ("solution", "sdpa-flash", "sdpa-cudnn", "flex", "stage3-triton", "solution-tma")
 DEFAULT_PROVIDERS = ["solution", "sdpa-flash", "sdpa-cudnn", "flex"]
+_WITH_TMA = ["solution", "solution-tma", "sdpa-flash", "sdpa-cudnn", "flex"]
 PROVIDERS: dict[str, list[str]] = {
     "stage4": ["solution", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
+    "stage5": _WITH_TMA, "stage6": _WITH_TMA, "stage7": _WITH_TMA,
 }
 
 
@@ -284,6 +288,32 @@ class StageKernel(Provider):
         opts, sinks = self._options(case, backward), self._with_sinks(x.sinks)
         o, lse = self.module.flash_attention(x.q, x.k, x.v, **opts, **sinks)
         return (lambda: backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
+
+
+class FastForward(Provider):
+    """``solutions/fast_forward_tma.py``: the TMA variant of the forward (forward only; no sinks)."""
+    name = "solution-tma"
+    FILE = "fast_forward_tma.py"
+
+    def __init__(self, source: str):
+        from kernels.loader import ROOT
+        path = ROOT / "solutions" / self.FILE
+        if source != "solutions" or not path.exists():
+            raise NotApplicable(f"the TMA variant is an instructor's file, solutions/{self.FILE}")
+        from kernels.loader import load_file
+        self.module = load_file(path)
+
+    def attend(self, case, x):
+        if case.sink_tokens or case.sinks:
+            raise NotApplicable("the TMA variant has no sinks (stage 8 has)")
+        if case.head_dim & (case.head_dim - 1):
+            raise NotApplicable("the TMA variant takes head dims that are powers of two")
+        flash_attention = self.module.flash_attention
+        opts = {"causal": case.causal, "window": case.window}
+        return lambda q, k, v, sinks: flash_attention(q, k, v, **opts)[0]
+
+    def backward(self, case, x):
+        raise NotApplicable("the TMA variant is a forward only (stage 9 has the backward)")
 
 
 class Sdpa(Provider):
@@ -415,6 +445,8 @@ def provider(name: str, stage: str, source: str) -> Provider:
         return StageKernel(stage, source)
     if name == "stage3-triton":
         return StageKernel("stage3", source, name="stage3-triton")
+    if name == "solution-tma":
+        return FastForward(source)
     if name == "sdpa-flash":
         return Sdpa(name, "FLASH_ATTENTION")
     if name == "sdpa-cudnn":
@@ -713,7 +745,7 @@ def write_json(rows: list[dict], path) -> None:
 
 
 _COLORS = {"solution": "#d62728", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#17becf", "flex": "#2ca02c",
-           "stage3-triton": "#ff7f0e"}
+           "stage3-triton": "#ff7f0e", "solution-tma": "#9467bd"}
 
 
 def plot(rows: list[dict], path, *, title: str | None = None) -> None:

@@ -53,9 +53,12 @@ def _entries(tiles: dict, head_dim_pad: int) -> list[tuple[int, int, int, int]]:
     return tiles[fits[0] if fits else max(tiles)]
 
 
-def autotune(tiles: dict, key: list[str]):
-    """``triton.autotune`` over every tile of ``tiles``, pruned to the call's HEAD_DIM_PAD."""
-    by_dim = {d: [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+def autotune(tiles: dict, key: list[str], pre_hook=None):
+    """``triton.autotune`` over every tile of ``tiles``, pruned to the call's HEAD_DIM_PAD.
+
+    ``pre_hook(nargs)`` runs before each configuration is launched, with its meta-parameters in
+    ``nargs`` (TMA descriptors take their tile shape from it)."""
+    by_dim = {d: [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=pre_hook)
                   for bm, bn, w, s in rows] for d, rows in tiles.items()}
 
     def prune(configs, named_args, **kwargs):

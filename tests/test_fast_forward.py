@@ -1,0 +1,107 @@
+"""The TMA variant of the forward (solutions/fast_forward_tma.py) against the float64 reference.
+
+On the CPU Triton's interpreter runs the descriptors as ordinary loads; the GPU runs add
+bfloat16 and long sequences, where the autotuner picks the tile.
+"""
+
+import pytest
+import torch
+
+from grader import bench
+from kernels import reference, runtime, tolerance
+from kernels.loader import ROOT, load_file
+
+PATH = ROOT / "solutions" / "fast_forward_tma.py"
+pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")
+DEVICE = "cuda" if runtime.ON_GPU else "cpu"
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return load_file(PATH)
+
+
+def _inputs(b, hq, hkv, nq, nk, d, dtype, seed=0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(b, hq, nq, d, device=DEVICE, dtype=dtype, generator=gen)
+    k, v = (torch.randn(b, hkv, nk, d, device=DEVICE, dtype=dtype, generator=gen) for _ in range(2))
+    return q, k, v
+
+
+def _check(o, lse, q, k, v, **mask):
+    ref_o, ref_lse = reference.attention(q, k, v, **mask)
+    base_o, base_lse = reference.attention(q, k, v, compute_dtype=tolerance.baseline_dtype(q.dtype), **mask)
+    for name, out, ref, base in (("o", o, ref_o, base_o), ("lse", lse, ref_lse, base_lse)):
+        report = tolerance.compare(out, ref, base, name=name)
+        assert report.ok, report.message
+
+
+CASES = [  # b, hq, hkv, nq, nk, d, mask
+    (1, 2, 2, 40, 40, 16, {}),
+    (2, 4, 2, 37, 53, 32, dict(causal=True)),                   # GQA, Nq < Nk, partial blocks
+    (1, 2, 1, 70, 30, 16, dict(causal=True)),                   # MQA; Nq > Nk: the first 40 rows see nothing
+    (1, 4, 2, 90, 90, 32, dict(causal=True, window=9)),         # a window shorter than a block
+    (1, 2, 2, 75, 64, 64, dict(causal=True, window=40)),
+    (1, 1, 1, 33, 65, 128, {}),
+]
+
+
+@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, mask", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_the_float64_reference(fast, b, hq, hkv, nq, nk, d, mask, dtype):
+    q, k, v = _inputs(b, hq, hkv, nq, nk, d, dtype)
+    o, lse = fast.flash_attention(q, k, v, **mask)
+    assert o.dtype == dtype and lse.dtype == torch.float32 and o.shape == q.shape and lse.shape == q.shape[:3]
+    _check(o, lse, q, k, v, **mask)
+
+
+def test_rows_that_see_nothing_give_zero_and_minus_infinity(fast):
+    q, k, v = _inputs(1, 2, 2, 50, 20, 16, torch.float32)
+    o, lse = fast.flash_attention(q, k, v, causal=True)
+    assert torch.all(o[:, :, :30] == 0) and torch.all(lse[:, :, :30] == float("-inf"))
+    assert torch.isfinite(lse[:, :, 30:]).all()
+
+
+def test_strided_inputs_and_fixed_tiles(fast):
+    q, k, v = _inputs(2, 3, 3, 45, 45, 32, torch.float32, seed=1)
+    qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))   # (B, N, H, D) storage
+    assert not qt.is_contiguous()
+    o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3, block_m=16, block_n=32)
+    _check(o, lse, q, k, v, causal=True, sm_scale=0.3)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(d=48), ValueError, ["head_dim", "powers of two"]),
+    (dict(window=8), ValueError, ["window", "causal"]),
+    (dict(sm_scale=-1.0), ValueError, ["sm_scale"]),
+    (dict(block_m=24), ValueError, ["block_m"]),
+])
+def test_bad_input_names_the_argument(fast, kwargs, error, words):
+    d = kwargs.pop("d", 16)
+    q, k, v = _inputs(1, 1, 1, 8, 8, d, torch.float32)
+    with pytest.raises(error) as info:
+        fast.flash_attention(q, k, v, **kwargs)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_the_bench_times_it_beside_the_solution_and_says_where_it_cannot_go():
+    forward = bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, dtype=torch.float32)
+    cases = [forward, bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, backward=True,
+                                 dtype=torch.float32),
+             bench.Case(1, 2, 40, 40, 16, causal=True, sinks=True, dtype=torch.float32)]
+    assert "solution-tma" in bench.PROVIDERS["stage7"]
+    rows = bench.run("stage7", cases=cases, providers=["solution-tma"], device=DEVICE, timer=lambda fn: 1.0,
+                     memory=lambda make: None, log=lambda *a, **k: None)
+    assert [r["note"] for r in rows] == ["", "n/a: the TMA variant is a forward only (stage 9 has the backward)",
+                                         "n/a: the TMA variant has no sinks (stage 8 has)"]
+    learner = bench.run("stage7", source="stages", cases=cases[:1], providers=["solution-tma"], device=DEVICE,
+                        timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
+    assert learner[0]["note"] == "n/a: the TMA variant is an instructor's file, solutions/fast_forward_tma.py"
+
+
+@pytest.mark.skipif(not runtime.ON_GPU, reason="bfloat16 and the autotuned tiles need a CUDA GPU")
+@pytest.mark.parametrize("mask", [{}, dict(causal=True), dict(causal=True, window=300)])
+def test_gpu_long_sequences_in_bfloat16(fast, mask):
+    q, k, v = _inputs(1, 4, 2, 2048, 2048, 128, torch.bfloat16)       # 2048 x 2048 pairs: the autotuner runs
+    o, lse = fast.flash_attention(q, k, v, **mask)
+    _check(o[:, :2], lse[:, :2], q[:, :2], k[:, :1], v[:, :1], **mask)
