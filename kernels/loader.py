@@ -53,15 +53,13 @@ def stage_path(name: str, source: str | os.PathLike | None = None) -> Path:
 
 def load_stage(name: str, source: str | os.PathLike | None = None) -> ModuleType:
     """Import a stage file and return it as a module (cached per file and content)."""
-    from kernels import runtime  # noqa: F401  (decides TRITON_INTERPRET before any stage imports triton)
-
     return load_file(stage_path(name, source))
 
 
 def load_file(path: str | os.PathLike) -> ModuleType:
     """Import any workbook file as a module, registered under a name of its own (cached per file
     and content): Triton's compiler looks a kernel's globals up through ``sys.modules``."""
-    from kernels import runtime  # noqa: F401
+    from kernels import runtime  # noqa: F401  (decides TRITON_INTERPRET before the file imports triton)
 
     path = Path(path)
     digest = hashlib.sha1(str(path).encode() + path.read_bytes()).hexdigest()[:12]
