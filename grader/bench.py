@@ -17,8 +17,9 @@ Providers, timed in the same run on the same inputs:
     flex            torch.compile(flex_attention) with a BlockMask for causal, windows and sink
                     tokens; learned sinks through flex's lse: o * sigmoid(lse - sink[h])
     stage3-triton   stage 3's Triton kernel, head dims padded to a power of two (stage 4 only)
-    solution-tma    solutions/fast_forward_tma.py: the forward of stages 5-7 through TMA
-                    descriptors, the fast variant beside the readable solution (stages 5-7)
+    solution-tma    solutions/fast_forward_tma.py: the forward of stages 5-8 through TMA
+                    descriptors, the fast variant beside the readable solution (stages 5-9;
+                    forward cases only)
 
 GQA goes to SDPA and flex through enable_gqa=True.  A provider that cannot express a case (SDPA
 has no window, sink tokens or learned sinks, and aligns causal masks top-left) is reported
@@ -196,7 +197,7 @@ DEFAULT_PROVIDERS = ["solution", "sdpa-flash", "sdpa-cudnn", "flex"]
 _WITH_TMA = ["solution", "solution-tma", "sdpa-flash", "sdpa-cudnn", "flex"]
 PROVIDERS: dict[str, list[str]] = {
     "stage4": ["solution", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
-    "stage5": _WITH_TMA, "stage6": _WITH_TMA, "stage7": _WITH_TMA,
+    "stage5": _WITH_TMA, "stage6": _WITH_TMA, "stage7": _WITH_TMA, "stage8": _WITH_TMA, "stage9": _WITH_TMA,
 }
 
 
@@ -245,6 +246,11 @@ class Provider:
     def attend(self, case: Case, x: Inputs) -> Callable:
         raise NotImplementedError
 
+    @staticmethod
+    def _with_sinks(sinks) -> dict:
+        """The learned-sinks keyword of a case that has them."""
+        return {"sinks": sinks} if sinks is not None else {}
+
     def backward(self, case: Case, x: Inputs):
         f = self.attend(case, x)
         leaves = [t.detach().requires_grad_(True) for t in (x.q, x.k, x.v)]
@@ -272,10 +278,6 @@ class StageKernel(Provider):
             raise NotApplicable(f"{self.stage}'s {fn.__name__} has no learned sinks")
         return {k: v for k, v in wanted.items() if v is not None}
 
-    @staticmethod
-    def _with_sinks(sinks) -> dict:
-        return {"sinks": sinks} if sinks is not None else {}
-
     def attend(self, case, x):
         flash_attention = self.module.flash_attention
         opts = self._options(case, flash_attention)
@@ -291,7 +293,7 @@ class StageKernel(Provider):
 
 
 class FastForward(Provider):
-    """``solutions/fast_forward_tma.py``: the TMA variant of the forward (forward only; no sinks)."""
+    """``solutions/fast_forward_tma.py``: the TMA variant of the forward (forward only)."""
     name = "solution-tma"
     FILE = "fast_forward_tma.py"
 
@@ -304,13 +306,11 @@ class FastForward(Provider):
         self.module = load_file(path)
 
     def attend(self, case, x):
-        if case.sink_tokens or case.sinks:
-            raise NotApplicable("the TMA variant has no sinks (stage 8 has)")
         if case.head_dim & (case.head_dim - 1):
             raise NotApplicable("the TMA variant takes head dims that are powers of two")
         flash_attention = self.module.flash_attention
-        opts = {"causal": case.causal, "window": case.window}
-        return lambda q, k, v, sinks: flash_attention(q, k, v, **opts)[0]
+        opts = {"causal": case.causal, "window": case.window, "sink_tokens": case.sink_tokens}
+        return lambda q, k, v, sinks: flash_attention(q, k, v, **opts, **self._with_sinks(sinks))[0]
 
     def backward(self, case, x):
         raise NotApplicable("the TMA variant is a forward only (stage 9 has the backward)")

@@ -1,12 +1,12 @@
-"""The forward of stages 5-7 with Hopper's tensor memory accelerator: the fast variant, beside the readable one.
+"""The forward of stages 5-8 with Hopper's tensor memory accelerator: the fast variant, beside the readable one.
 
 Which is which
 --------------
-``solutions/stage7_sliding_window.py`` is the model answer: every tile is loaded with
-``tl.load`` from a pointer grid (base + rows * stride + columns), with a mask on every edge, and
-that is the code a learner writes.  This file computes the same attention (causal aligned
-bottom-right, GQA/MQA, sliding windows; o and lse) and differs only where speed and the lesson
-pull apart:
+``solutions/stage8_sinks.py`` is the model answer: every tile is loaded with ``tl.load`` from a
+pointer grid (base + rows * stride + columns), with a mask on every edge, and that is the code a
+learner writes.  This file computes the same attention (causal aligned bottom-right, GQA/MQA,
+sliding windows, sink tokens, learned sinks; o and lse) and differs only where speed and the
+lesson pull apart:
 
 * **TMA descriptors.**  The host describes each tensor once (``TensorDescriptor``: base, shape,
   strides, tile shape) and the kernel asks for tiles by coordinate,
@@ -14,17 +14,24 @@ pull apart:
   tile into shared memory: no address arithmetic in the kernel's threads, no per-element masks.
   Rows past the end of a tensor come back as zeros, so only the masked blocks (the diagonal, the
   window's edge, the last partial block) have to hide keys past N_k.
+* **Packed GQA heads.**  The query heads of a GQA group read the same keys, and the mask depends
+  on the position alone.  So one program takes the whole group (2, 4 or 8 heads) at a quarter
+  (half, eighth) of the positions: a 128-row tile is 4 heads x 32 positions.  Its diagonal band
+  and window edge are then 32 keys wide instead of 128, and fewer of its key blocks need a mask
+  (see gqa_pack; H100, GQA 32/8, D64, N8192, window 1024: 327 -> 350 TFLOP/s).
 * **The scale folded into the exponent.**  ``exp2(s * qk_scale - m)`` is one fused multiply-add
   per score instead of a multiply then a subtract.
+* **Causal programs longest first.**  The last query blocks see the most keys; starting them
+  first keeps them from running alone at the end of the grid.
 * **Fewer choices.**  Head dims must be powers of two from 16 to 256 (a TMA tile has no padding
-  columns) and the tensors are made contiguous first; stage 7's kernel takes any head dim and
+  columns) and the tensors are made contiguous first; stage 8's kernel takes any head dim and
   any strides.
 
-``python -m grader bench stage5`` (and stage6, stage7) times this file as ``solution-tma`` beside
-the stage's solution; README's speed table has the H100 numbers.  Triton's CPU interpreter runs
-it too, so its tests need no GPU.
+``python -m grader bench stage5`` (and stages 6-9, forward cases) times this file as
+``solution-tma`` beside the stage's solution; README's speed table has the H100 numbers.
+Triton's CPU interpreter runs it too, so its tests need no GPU.
 
-Not here: sink tokens, learned sinks and the backward; stages 8 and 9 have them.
+Not here: the backward (stage 9 has it).
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ HEAD_DIMS = (16, 256)
 # sequences and must fit float32 tiles in shared memory.  128 x 128 tiles pay here, where the
 # pointer-grid kernel's address registers made them lose; short tiles serve short windows.
 TMA_TILES = {
-    64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 128, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
+    64: [(128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3), (64, 64, 4, 2),
+         (64, 32, 4, 3)],
     128: [(128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3)],
     256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)],
 }
@@ -55,16 +63,19 @@ INTERPRETER_TILE = (32, 32, 4, 1)
 
 def _tile_shapes(nargs: dict) -> None:
     """Give the descriptors the tile shape of the configuration about to run (the autotuner's pre-hook)."""
-    bm, bn, d = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM_PAD"]
-    nargs["desc_q"].block_shape = nargs["desc_o"].block_shape = [1, bm, d]
+    bm, bn, d, pack = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM_PAD"], nargs["PACK"]
+    nargs["desc_q"].block_shape = nargs["desc_o"].block_shape = [1, pack, bm // pack, d]
     nargs["desc_k"].block_shape = nargs["desc_v"].block_shape = [1, bn, d]
 
 
 @triton.jit
-def _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, hi, offs_m, offs_n, N_K, shift, WINDOW, qk_scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
-    """Fold key blocks lo, lo + BLOCK_N, ... (below hi) into the query tile; m_i is in scaled base-2 units."""
+def _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, hi, pos, offs_n, N_K, shift, WINDOW, SINK_TOKENS,
+                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                HAS_SINK_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Fold key blocks lo, lo + BLOCK_N, ... (below hi) into the query tile; m_i is in scaled base-2 units.
+
+    ``pos`` is each row's query position (with packed GQA heads, rows of different heads share one).
+    """
     for start_n in range(lo, hi, BLOCK_N):
         k = desc_k.load([kv_bh, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)     # zeros past N_K
         s = tl.dot(q, tl.trans(k))                                              # raw scores
@@ -72,9 +83,12 @@ def _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, hi, offs_m, offs_n,
             cols = start_n + offs_n
             visible = cols[None, :] < N_K
             if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+                visible = visible & (cols[None, :] <= pos[:, None] + shift)
             if HAS_WINDOW:
-                visible = visible & (cols[None, :] > offs_m[:, None] + shift - WINDOW)
+                in_window = cols[None, :] > pos[:, None] + shift - WINDOW
+                if HAS_SINK_TOKENS:
+                    in_window = in_window | (cols[None, :] < SINK_TOKENS)
+                visible = visible & in_window
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)                   # qk_scale > 0
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                   # rows with nothing seen yet
@@ -87,52 +101,74 @@ def _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, hi, offs_m, offs_n,
     return acc, m_i, l_i
 
 
-@tuning.autotune(TMA_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "GROUP"],
-                 pre_hook=_tile_shapes)
+@tuning.autotune(TMA_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
+                                 "HAS_SINKS", "GROUP", "PACK"], pre_hook=_tile_shapes)
 @triton.jit
 def _tma_forward_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE,
-    GROUP, N_Q, N_K, WINDOW, qk_scale,           # GROUP = Hq // Hkv query heads share a K/V head
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    desc_q, desc_k, desc_v, desc_o, LSE, SINKS,
+    H_Q, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,   # GROUP = Hq // Hkv query heads share a K/V head
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINK_TOKENS: tl.constexpr, HAS_SINKS: tl.constexpr,
+    PACK: tl.constexpr,                          # query heads per program (1, or GROUP: see flash_attention)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)                     # which block of queries
-    pid_bh = tl.program_id(1)                    # which (batch, query head): a row of the (B*Hq, N, D) view
-    kv_bh = pid_bh // GROUP                      # its K/V head in the (B*Hkv, N, D) view: (b*H + h) // GROUP
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    ROWS: tl.constexpr = BLOCK_M // PACK         # query positions per program; BLOCK_M rows = PACK heads x ROWS
+    pid_m = tl.program_id(0)                     # which block of query positions
+    if CAUSAL:                                   # the longest rows (the last positions) first: no long tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_hp = tl.program_id(1)                    # which PACK query heads: a row of the (B*Hq/PACK, PACK, N, D) view
+    head0 = pid_hp * PACK                        # its first (batch * Hq + head)
+    kv_bh = head0 // GROUP                       # their K/V head in the (B*Hkv, N, D) view
+    start_m = pid_m * ROWS
+    rows = tl.arange(0, BLOCK_M)
+    pos = start_m + rows % ROWS                  # row r: head head0 + r // ROWS, position start_m + r % ROWS
+    head = head0 + rows // ROWS
     offs_n = tl.arange(0, BLOCK_N)
 
-    q = desc_q.load([pid_bh, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    q = desc_q.load([pid_hp, 0, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
+    if HAS_SINKS:                                # a learned sink: a first key of logit SINKS[h] and value 0
+        m_i = tl.load(SINKS + head % H_Q) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    # The same three ranges as stage 7: the window's masked leading edge [lo, full_lo), whole
-    # blocks [full_lo, full_hi), the diagonal band (or the last partial block) [full_hi, hi).
+    # Stage 8's ranges, for ROWS positions: the sink tokens [0, sink_hi), the window's masked
+    # leading edge [lo, full_lo), whole blocks [full_lo, full_hi), the diagonal band (or the last
+    # partial block) [full_hi, hi).
     shift = N_K - N_Q
     if CAUSAL:
         full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
+        hi = tl.minimum(tl.maximum(start_m + ROWS + shift, 0), N_K)
     else:
         full_hi = N_K // BLOCK_N * BLOCK_N
         hi = N_K
     full_lo = 0
     if HAS_WINDOW:                               # no empty loop (and its set-up) without a window
         lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-        full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        full_lo = (tl.maximum(start_m + ROWS + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
         full_lo = tl.minimum(full_lo, full_hi)
-        acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, full_lo, offs_m, offs_n, N_K,
-                                    shift, WINDOW, qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
-    acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, full_lo, full_hi, offs_m, offs_n, N_K,
-                                shift, WINDOW, qk_scale, False, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
-    acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, full_hi, hi, offs_m, offs_n, N_K,
-                                shift, WINDOW, qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
+        if HAS_SINK_TOKENS:
+            sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)
+            if sink_hi > 0:
+                acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, 0, sink_hi, pos, offs_n, N_K,
+                                            shift, WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW,
+                                            HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
+        acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, full_lo, pos, offs_n, N_K,
+                                    shift, WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW,
+                                    HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
+    acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, full_lo, full_hi, pos, offs_n, N_K,
+                                shift, WINDOW, SINK_TOKENS, qk_scale, False, CAUSAL, HAS_WINDOW,
+                                HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
+    acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, full_hi, hi, pos, offs_n, N_K,
+                                shift, WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW,
+                                HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
 
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)      # a row that saw no key: o = 0, lse = -inf
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)      # a row that saw no key: o = 0, lse = -inf (sinks[h] with a sink)
     o = acc / l_safe[:, None]
-    desc_o.store([pid_bh, start_m, 0], o.to(desc_o.dtype).reshape(1, BLOCK_M, HEAD_DIM_PAD))   # rows past N_Q dropped
-    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=offs_m < N_Q)
+    desc_o.store([pid_hp, 0, start_m, 0],        # positions past N_Q dropped
+                 o.to(desc_o.dtype).reshape(1, PACK, ROWS, HEAD_DIM_PAD))
+    tl.store(LSE + head * N_Q + pos, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=pos < N_Q)
 
 
 def _tma_ready(x: torch.Tensor) -> torch.Tensor:
@@ -142,36 +178,60 @@ def _tma_ready(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sm_scale: float | None = None,
-                    block_m: int | None = None, block_n: int | None = None):
-    """Stage 7's forward through TMA descriptors; returns ``(o, lse)``.
+def gqa_pack(group: int) -> int:
+    """Query heads one program takes: the whole GQA group when it is 2, 4 or 8 heads, else 1.
+
+    The heads of a group read the same keys at the same positions, so one 128-row tile can hold
+    4 heads x 32 positions instead of 128 positions of one head.  The mask depends on the
+    position alone, so such a tile spans 32 positions: its diagonal band and its window edge are
+    a quarter as wide, and fewer of its key blocks need a mask.
+    """
+    return group if group in (2, 4, 8) else 1
+
+
+def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
+                    sinks: torch.Tensor | None = None, sm_scale: float | None = None,
+                    block_m: int | None = None, block_n: int | None = None, pack_gqa: bool = True):
+    """Stage 8's forward through TMA descriptors; returns ``(o, lse)``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 and D a power of two from 16 to
-    256; any Nq, Nk >= 1.  float16/float32 (and bfloat16 on a GPU).  ``causal``, ``window`` and
-    ``sm_scale`` as in stage 7; ``block_m``/``block_n`` fix the tile.
+    256; any Nq, Nk >= 1.  float16/float32 (and bfloat16 on a GPU).  ``causal``, ``window``,
+    ``sink_tokens``, ``sinks`` and ``sm_scale`` as in stage 8; ``block_m``/``block_n`` fix the
+    tile; ``pack_gqa=False`` gives each query head its own programs (see gqa_pack).
     """
-    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sm_scale=sm_scale,
-                                                      head_dims=HEAD_DIMS)
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                                      sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
     if D & (D - 1):
         raise ValueError(f"head_dim is {D}: the TMA variant takes head dims that are powers of two (a TMA tile has "
-                         f"no padding columns); stage 7's flash_attention pads the others")
+                         f"no padding columns); stage 8's flash_attention pads the others")
+    if not isinstance(pack_gqa, bool):
+        raise TypeError(f"pack_gqa must be True or False, got {pack_gqa!r}")
     runtime.check_dtype(q.dtype)
     block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
+    pack = gqa_pack(Hq // Hkv) if pack_gqa else 1
+    if block_m is not None and block_m % pack:
+        raise ValueError(f"block_m is {block_m}: with pack_gqa it must hold whole groups of {pack} query heads "
+                         f"(a multiple of {pack})")
     kernel, tile = tuning.plan(_tma_forward_kernel, TMA_TILES, D, Nq, Nk, interpreter_tile=INTERPRETER_TILE,
                                block_m=block_m, block_n=block_n)
     bm, bn = (tile["BLOCK_M"], tile["BLOCK_N"]) if tile else tuning.first_entry(TMA_TILES, D, INTERPRETER_TILE)[:2]
     q, k, v = (_tma_ready(x) for x in (q, k, v))
     o = torch.empty_like(q)                                                  # (B, Hq, Nq, D), contiguous
     lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    # 3-D views: one row of tiles per (batch, head), so a tile never reads into the next head.
-    desc_q, desc_o = (TensorDescriptor.from_tensor(x.view(B * Hq, Nq, D), [1, bm, D]) for x in (q, o))
+    # Views with one row of tiles per (batch, head), so a tile never reads into the next head;
+    # q and o group their heads by PACK, so one tile takes PACK heads at the same positions.
+    desc_q, desc_o = (TensorDescriptor.from_tensor(x.view(B * Hq // pack, pack, Nq, D), [1, pack, bm // pack, D])
+                      for x in (q, o))
     desc_k, desc_v = (TensorDescriptor.from_tensor(x.view(B * Hkv, Nk, D), [1, bn, D]) for x in (k, v))
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    has_sink_tokens = window is not None and sink_tokens > 0      # without a window every earlier key is seen
+    sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
 
     def grid(meta):
-        return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
-    kernel[grid](desc_q, desc_k, desc_v, desc_o, lse, Hq // Hkv, Nq, Nk,
-                 window if window is not None else 0, scale * LOG2E,
-                 CAUSAL=causal, HAS_WINDOW=window is not None, HEAD_DIM_PAD=D, **tile)
+        return triton.cdiv(Nq, meta["BLOCK_M"] // pack), B * Hq // pack
+    kernel[grid](desc_q, desc_k, desc_v, desc_o, lse, sinks if sinks is not None else lse, Hq, Hq // Hkv, Nq, Nk,
+                 window if window is not None else 0, sink_tokens if has_sink_tokens else 0, scale * LOG2E,
+                 CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINK_TOKENS=has_sink_tokens,
+                 HAS_SINKS=sinks is not None, PACK=pack, HEAD_DIM_PAD=D, **tile)
     return o, lse

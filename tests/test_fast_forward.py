@@ -43,14 +43,28 @@ CASES = [  # b, hq, hkv, nq, nk, d, mask
     (1, 4, 2, 90, 90, 32, dict(causal=True, window=9)),         # a window shorter than a block
     (1, 2, 2, 75, 64, 64, dict(causal=True, window=40)),
     (1, 1, 1, 33, 65, 128, {}),
+    (2, 8, 2, 45, 45, 16, dict(causal=True, window=12, sink_tokens=3)),   # 4 heads a group; 3 sink tokens
+    (1, 8, 1, 50, 70, 32, dict(causal=True, window=20, sink_tokens=40)),  # 8 heads; sinks reach into the window
 ]
 
 
-@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, mask", CASES)
+def _with_sinks(mask, hq):
+    if not mask.pop("learned_sinks", False):
+        return mask
+    return dict(mask, sinks=torch.linspace(-3.0, 40.0, hq, device=DEVICE))    # up to a sink that swamps every row
+
+
+@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, mask", CASES + [
+    (1, 4, 2, 60, 60, 16, dict(learned_sinks=True)),
+    (1, 8, 2, 66, 66, 32, dict(causal=True, window=10, sink_tokens=2, learned_sinks=True)),
+    (1, 4, 4, 70, 30, 16, dict(causal=True, learned_sinks=True)),   # rows that see no key: o = 0, lse = the sink
+])
+@pytest.mark.parametrize("pack_gqa", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_matches_the_float64_reference(fast, b, hq, hkv, nq, nk, d, mask, dtype):
+def test_matches_the_float64_reference(fast, b, hq, hkv, nq, nk, d, mask, pack_gqa, dtype):
     q, k, v = _inputs(b, hq, hkv, nq, nk, d, dtype)
-    o, lse = fast.flash_attention(q, k, v, **mask)
+    mask = _with_sinks(dict(mask), hq)
+    o, lse = fast.flash_attention(q, k, v, pack_gqa=pack_gqa, **mask)
     assert o.dtype == dtype and lse.dtype == torch.float32 and o.shape == q.shape and lse.shape == q.shape[:3]
     _check(o, lse, q, k, v, **mask)
 
@@ -75,6 +89,8 @@ def test_strided_inputs_and_fixed_tiles(fast):
     (dict(window=8), ValueError, ["window", "causal"]),
     (dict(sm_scale=-1.0), ValueError, ["sm_scale"]),
     (dict(block_m=24), ValueError, ["block_m"]),
+    (dict(pack_gqa=1), TypeError, ["pack_gqa"]),
+    (dict(sinks=torch.zeros(3)), ValueError, ["sinks"]),
 ])
 def test_bad_input_names_the_argument(fast, kwargs, error, words):
     d = kwargs.pop("d", 16)
@@ -88,12 +104,16 @@ def test_the_bench_times_it_beside_the_solution_and_says_where_it_cannot_go():
     forward = bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, dtype=torch.float32)
     cases = [forward, bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, backward=True,
                                  dtype=torch.float32),
-             bench.Case(1, 2, 40, 40, 16, causal=True, sinks=True, dtype=torch.float32)]
-    assert "solution-tma" in bench.PROVIDERS["stage7"]
-    rows = bench.run("stage7", cases=cases, providers=["solution-tma"], device=DEVICE, timer=lambda fn: 1.0,
+             bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sink_tokens=2, sinks=True,
+                        dtype=torch.float32),
+             bench.Case(1, 2, 40, 40, 24, dtype=torch.float32)]
+    for stage in ("stage5", "stage6", "stage7", "stage8", "stage9"):
+        assert "solution-tma" in bench.PROVIDERS[stage]
+    rows = bench.run("stage8", cases=cases, providers=["solution-tma"], device=DEVICE, timer=lambda fn: 1.0,
                      memory=lambda make: None, log=lambda *a, **k: None)
-    assert [r["note"] for r in rows] == ["", "n/a: the TMA variant is a forward only (stage 9 has the backward)",
-                                         "n/a: the TMA variant has no sinks (stage 8 has)"]
+    assert [r["note"] for r in rows] == ["", "n/a: the TMA variant is a forward only (stage 9 has the backward)", "",
+                                         "n/a: the TMA variant takes head dims that are powers of two"]
+    assert rows[0]["ms"] == rows[2]["ms"] == 1.0      # checked against the reference, then timed
     learner = bench.run("stage7", source="stages", cases=cases[:1], providers=["solution-tma"], device=DEVICE,
                         timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
     assert learner[0]["note"] == "n/a: the TMA variant is an instructor's file, solutions/fast_forward_tma.py"
