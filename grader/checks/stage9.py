@@ -117,8 +117,11 @@ def causal_gradients(ctx):
                       "visit query blocks up to there; the dQ kernel starts at the key block of the first "
                       "query's first key, start_m + (Nk - Nq) - W + 1")
 def window_gradients(ctx):
-    """Sliding windows of 1, 9, 16 and one longer than the sequence, with Nq = Nk and Nq != Nk."""
-    for (nq, nk, w) in ((40, 40, 1), (70, 70, 16), (50, 70, 9), (45, 60, 100)):
+    """Sliding windows of 1, 9, 16, 250 and one longer than the sequence, with Nq = Nk and Nq != Nk.
+
+    Window 250 spans whole query blocks of a GPU's 128-key dK/dV tile: some query blocks see
+    all of a key block, and the ones past them are cut by the window's far edge."""
+    for (nq, nk, w) in ((40, 40, 1), (70, 70, 16), (50, 70, 9), (45, 60, 100), (400, 400, 250)):
         q, k, v, do = _inputs(ctx, 1, 2, 1, nq, nk, 32)
         _grads_close(ctx, q, k, v, do, causal=True, window=w, label=f"(window={w}, Nq={nq}, Nk={nk})")
 

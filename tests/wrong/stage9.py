@@ -4,8 +4,15 @@ from grader.mutants import Mutant
 
 MUTANTS = [
     Mutant("no_gqa_reduction", "the dK/dV program adds only the first query head of its group",
-           edits=[("for g in range(GROUP):", "for g in range(1):")],
+           edits=[("for i in range(0, heads * n_blocks):", "for i in range(0, n_blocks):")],
            caught_by=["gqa_and_mqa_gradients"]),
+    Mutant("dq_packed_rows_read_wrong_heads", "a packed dQ tile reads lse and delta of the wrong query heads",
+           edits=[("heads = b * H_Q + h0 + tile_rows // ROWS", "heads = b * H_Q + h0 + tile_rows % PACK")],
+           caught_by=["gqa_and_mqa_gradients"]),
+    Mutant("dkdv_unmasked_at_window_edge", "under a window, dK/dV builds the mask only at the diagonal end of its "
+           "range, not at the window's far edge",
+           edits=[("if (start_m < full_lo) | (start_m >= full_hi):", "if start_m < full_lo:")],
+           caught_by=["window_gradients"]),
     Mutant("dsinks_sign_flipped", "returns +sum exp(sinks - lse) * delta: the sink gradient with the wrong sign",
            edits=[("-tl.sum(p_sink * delta))", "tl.sum(p_sink * delta))")],
            caught_by=["learned_sink_gradients"]),
