@@ -47,6 +47,17 @@ FORWARD_TILES = {
 FORWARD_INTERPRETER_TILE = (32, 32, 4, 1)
 
 
+def gqa_pack(group: int) -> int:
+    """Query heads that one program takes together: the whole GQA group when it is 2, 4 or 8 heads, else 1.
+
+    The heads of a group read the same keys and a mask depends on the query's position alone, so
+    one 128-row tile can hold 4 heads x 32 positions instead of 128 positions of one head.  The
+    tile then spans 32 positions: its diagonal band and window edge are a quarter as wide, and
+    fewer of its key blocks need a mask.  (Stage 9's dQ kernel and the TMA forward do this.)
+    """
+    return group if group in (2, 4, 8) else 1
+
+
 def _entries(tiles: dict, head_dim_pad: int) -> list[tuple[int, int, int, int]]:
     """The table's row for a padded head dim: the smallest listed head dim that holds it."""
     fits = [d for d in sorted(tiles) if d >= head_dim_pad]

@@ -18,7 +18,7 @@ lesson pull apart:
   on the position alone.  So one program takes the whole group (2, 4 or 8 heads) at a quarter
   (half, eighth) of the positions: a 128-row tile is 4 heads x 32 positions.  Its diagonal band
   and window edge are then 32 keys wide instead of 128, and fewer of its key blocks need a mask
-  (see gqa_pack; H100, GQA 32/8, D64, N8192, window 1024: 327 -> 350 TFLOP/s).
+  (see kernels.tuning.gqa_pack; H100, GQA 32/8, D64, N8192, window 1024: 327 -> 350 TFLOP/s).
 * **The scale folded into the exponent.**  ``exp2(s * qk_scale - m)`` is one fused multiply-add
   per score instead of a multiply then a subtract.
 * **Causal programs longest first.**  The last query blocks see the most keys; starting them
@@ -178,17 +178,6 @@ def _tma_ready(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def gqa_pack(group: int) -> int:
-    """Query heads one program takes: the whole GQA group when it is 2, 4 or 8 heads, else 1.
-
-    The heads of a group read the same keys at the same positions, so one 128-row tile can hold
-    4 heads x 32 positions instead of 128 positions of one head.  The mask depends on the
-    position alone, so such a tile spans 32 positions: its diagonal band and its window edge are
-    a quarter as wide, and fewer of its key blocks need a mask.
-    """
-    return group if group in (2, 4, 8) else 1
-
-
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
                     sinks: torch.Tensor | None = None, sm_scale: float | None = None,
                     block_m: int | None = None, block_n: int | None = None, pack_gqa: bool = True):
@@ -197,7 +186,7 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 and D a power of two from 16 to
     256; any Nq, Nk >= 1.  float16/float32 (and bfloat16 on a GPU).  ``causal``, ``window``,
     ``sink_tokens``, ``sinks`` and ``sm_scale`` as in stage 8; ``block_m``/``block_n`` fix the
-    tile; ``pack_gqa=False`` gives each query head its own programs (see gqa_pack).
+    tile; ``pack_gqa=False`` gives each query head its own programs (see kernels.tuning.gqa_pack).
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                                       sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
@@ -209,7 +198,7 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     runtime.check_dtype(q.dtype)
     block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
-    pack = gqa_pack(Hq // Hkv) if pack_gqa else 1
+    pack = tuning.gqa_pack(Hq // Hkv) if pack_gqa else 1
     if block_m is not None and block_m % pack:
         raise ValueError(f"block_m is {block_m}: with pack_gqa it must hold whole groups of {pack} query heads "
                          f"(a multiple of {pack})")

@@ -74,3 +74,7 @@ def test_plan_on_a_gpu(monkeypatch):
     kernel, tile = tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, long, 1, interpreter_tile=(32, 32, 4, 1),
                                block_n=32)
     assert kernel is _FakeAutotuned.fn and tile["BLOCK_N"] == 32 and tile["BLOCK_M"] == first[0]
+
+
+def test_gqa_pack_takes_whole_groups_of_two_four_or_eight_heads():
+    assert [tuning.gqa_pack(g) for g in (1, 2, 3, 4, 6, 8, 16)] == [1, 2, 1, 4, 1, 8, 1]

@@ -7,7 +7,7 @@ MUTANTS = [
            edits=[("for i in range(0, heads * n_blocks):", "for i in range(0, n_blocks):")],
            caught_by=["gqa_and_mqa_gradients"]),
     Mutant("dq_packed_rows_read_wrong_heads", "a packed dQ tile reads lse and delta of the wrong query heads",
-           edits=[("heads = b * H_Q + h0 + tile_rows // ROWS", "heads = b * H_Q + h0 + tile_rows % PACK")],
+           edits=[("heads = h0 + tile_rows // ROWS", "heads = h0 + tile_rows % PACK")],
            caught_by=["gqa_and_mqa_gradients"]),
     Mutant("dkdv_unmasked_at_window_edge", "under a window, dK/dV builds the mask only at the diagonal end of its "
            "range, not at the window's far edge",
