@@ -17,9 +17,9 @@ Providers, timed in the same run on the same inputs:
     flex            torch.compile(flex_attention) with a BlockMask for causal, windows and sink
                     tokens; learned sinks through flex's lse: o * sigmoid(lse - sink[h])
     stage3-triton   stage 3's Triton kernel, head dims padded to a power of two (stage 4 only)
-    solution-tma    solutions/fast_forward_tma.py: the forward of stages 5-8 through TMA
-                    descriptors, the fast variant beside the readable solution (stages 5-9;
-                    forward cases only)
+    solution-tma    solutions/fast_forward_tma.py and fast_backward_tma.py: the forward of
+                    stages 5-8 and stage 9's backward through TMA descriptors, the fast variants
+                    beside the readable solutions (stages 5-9)
 
 GQA goes to SDPA and flex through enable_gqa=True.  A provider that cannot express a case (SDPA
 has no window, sink tokens or learned sinks, and aligns causal masks top-left) is reported
@@ -293,9 +293,10 @@ class StageKernel(Provider):
 
 
 class FastForward(Provider):
-    """``solutions/fast_forward_tma.py``: the TMA variant of the forward (forward only)."""
+    """``solutions/fast_forward_tma.py`` and ``fast_backward_tma.py``: the TMA variants of the forward and backward."""
     name = "solution-tma"
     FILE = "fast_forward_tma.py"
+    BACKWARD_FILE = "fast_backward_tma.py"
 
     def __init__(self, source: str):
         from kernels.loader import ROOT
@@ -313,7 +314,17 @@ class FastForward(Provider):
         return lambda q, k, v, sinks: flash_attention(q, k, v, **opts, **self._with_sinks(sinks))[0]
 
     def backward(self, case, x):
-        raise NotApplicable("the TMA variant is a forward only (stage 9 has the backward)")
+        from kernels.loader import ROOT, load_file
+        path = ROOT / "solutions" / self.BACKWARD_FILE
+        if not path.exists():
+            raise NotApplicable(f"the TMA backward is an instructor's file, solutions/{self.BACKWARD_FILE}")
+        if case.head_dim & (case.head_dim - 1):
+            raise NotApplicable("the TMA variant takes head dims that are powers of two")
+        module = load_file(path)
+        opts = {"causal": case.causal, "window": case.window, "sink_tokens": case.sink_tokens}
+        sinks = self._with_sinks(x.sinks)
+        o, lse = self.module.flash_attention(x.q, x.k, x.v, **opts, **sinks)
+        return (lambda: module.flash_attention_backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
 
 
 class Sdpa(Provider):

@@ -31,7 +31,7 @@ lesson pull apart:
 ``solution-tma`` beside the stage's solution; README's speed table has the H100 numbers.
 Triton's CPU interpreter runs it too, so its tests need no GPU.
 
-Not here: the backward (stage 9 has it).
+The backward through TMA descriptors is ``solutions/fast_backward_tma.py``.
 """
 
 from __future__ import annotations

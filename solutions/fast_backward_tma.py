@@ -1,0 +1,291 @@
+"""Stage 9's backward with Hopper's tensor memory accelerator: the fast variant, beside the readable one.
+
+Which is which
+--------------
+``solutions/stage9_backward.py`` is the model answer: three kernels (a preprocess for delta,
+dK/dV, dQ), every tile loaded with ``tl.load`` from a pointer grid.  This file computes the same
+gradients (dq, dk, dv and the learned sinks' dsinks; causal bottom-right, GQA/MQA, sliding
+windows, sink tokens) and differs only where speed and the lesson pull apart:
+
+* **TMA descriptors in the loops.**  The dK/dV kernel loads a Q and a dO tile for every
+  (head, query block) it visits, and the dQ kernel a K and a V tile for every key block: those
+  come through descriptors, ``desc_q.load([batch_head, start_m, 0])``, whole tiles moved into
+  shared memory by the copy engine with zeros past the end.
+* **Still three kernels.**  Folding the preprocess into the dQ kernel (which holds dO anyway:
+  load O beside it, compute delta there and run dK/dV second) saves a pass over O and dO, but
+  on an H100 it lost under windows: GQA 32/8, D64, N8192, in one bench run, 128 TFLOP/s at
+  window 128 against the pointer-grid solution's 133, and 262 against 265 at window 1024 with
+  learned sinks.  So stage 9's preprocess runs first, as there.
+* **Tiles for these loops.**  Without per-element address arithmetic, larger dQ tiles pay at
+  D64 (see DQ_TILES).
+* **Fewer choices.**  Head dims must be powers of two from 16 to 256 and the tensors are made
+  contiguous first; no visit counting (stage 9's ``backward_visits`` shows the skipping).
+
+The preprocess, the block ranges and the visibility rule are stage 9's own
+(``_bwd_preprocess_kernel``, ``_query_blocks_of``, ``_key_blocks_of``, ``_visible``), imported
+from it.  ``flash_attention`` is the TMA forward
+(solutions/fast_forward_tma.py), re-exported so that this file runs forward and backward.
+``python -m grader bench stage9`` times the pair as ``solution-tma``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from kernels import runtime, tuning, validate
+from kernels.loader import load_file
+
+import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+_HERE = Path(__file__).resolve().parent
+_stage9 = load_file(_HERE / "stage9_backward.py")
+_forward = load_file(_HERE / "fast_forward_tma.py")
+_visible = _stage9._visible
+_query_blocks_of = _stage9._query_blocks_of
+_key_blocks_of = _stage9._key_blocks_of
+_bwd_preprocess_kernel = _stage9._bwd_preprocess_kernel
+flash_attention = _forward.flash_attention
+
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+HEAD_DIMS = (16, 256)
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim, as in stage 9; the first entry is used
+# untimed on short sequences.  D64 measured on an H100 with these loops (GQA 32/8, N8192):
+# dQ at window 1024 128 x 64 0.73 ms against 128 x 32 0.87 ms; dK/dV 32 x 64 and 64 x 64 within 1%.
+DKDV_TILES = {
+    64: [(32, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 4), (64, 64, 4, 3), (32, 128, 4, 3), (32, 128, 4, 4)],
+    128: [(64, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3)],
+    256: [(16, 64, 8, 1), (32, 64, 4, 2), (32, 64, 8, 1)],
+}
+DQ_TILES = {
+    64: [(64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3)],
+    128: [(128, 32, 4, 3), (128, 32, 8, 2), (128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3)],
+    256: [(64, 16, 8, 1), (64, 32, 4, 2), (64, 32, 8, 1)],
+}
+DKDV_INTERPRETER_TILE = (32, 64, 4, 1)
+DQ_INTERPRETER_TILE = (64, 32, 4, 1)
+
+
+def _dkdv_tile_shapes(nargs: dict) -> None:
+    """The Q and dO descriptors take the dK/dV configuration's query block (the autotuner's pre-hook)."""
+    nargs["desc_q"].block_shape = nargs["desc_do"].block_shape = [1, nargs["BLOCK_M"], nargs["HEAD_DIM_PAD"]]
+
+
+def _dq_tile_shapes(nargs: dict) -> None:
+    """The K and V descriptors take the dQ configuration's key block (the autotuner's pre-hook)."""
+    nargs["desc_k"].block_shape = nargs["desc_v"].block_shape = [1, nargs["BLOCK_N"], nargs["HEAD_DIM_PAD"]]
+
+
+@triton.jit
+def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, heads, LSE, DELTA, offs_m, offs_n, lo, hi, full_lo, full_hi,
+               N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+               MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """dk += dS^T Q and dv += P^T dO over query blocks [lo, hi) of ``heads`` heads from (batch x head) bh0.
+
+    Stage 9's loop over (head, query block) pairs; with MASKED the mask is built only in blocks
+    outside [full_lo, full_hi).
+    """
+    n_blocks = tl.cdiv(hi - lo, BLOCK_M)
+    for i in range(0, heads * n_blocks):
+        g = i // n_blocks
+        start_m = lo + (i - g * n_blocks) * BLOCK_M
+        rows = start_m + offs_m
+        row_ok = rows < N_Q
+        stats = (bh0 + g) * N_Q + rows
+        q = desc_q.load([bh0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)           # zeros past N_Q
+        do = desc_do.load([bh0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
+        lse = tl.load(LSE + stats, mask=row_ok, other=float("inf"))
+        lse = tl.where(lse == float("-inf"), float("inf"), lse)                     # empty rows: p = 0
+        delta = tl.load(DELTA + stats, mask=row_ok, other=0.0)
+        s_t = tl.dot(k, tl.trans(q)) * qk_scale                                     # (BLOCK_N, BLOCK_M)
+        if MASKED:
+            if (start_m < full_lo) | (start_m >= full_hi):
+                seen = _visible(rows[None, :], offs_n[:, None], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
+                s_t = tl.where(seen, s_t, float("-inf"))
+        p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)
+        dv += tl.dot(p_t.to(do.dtype), do)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q)
+    return dk, dv
+
+
+@tuning.autotune(DKDV_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS", "GROUP"],
+                 pre_hook=_dkdv_tile_shapes)
+@triton.jit
+def _tma_dkdv_kernel(
+    desc_q, desc_do, K, V, DK, DV, LSE, DELTA,
+    H_Q, H_KV, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):
+    pid_n = tl.program_id(0)                     # which block of keys
+    kv_bh = tl.program_id(1)                     # which (batch x KV head)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    kv_rows = (kv_bh * N_K + offs_n).to(tl.int64)[:, None] * HEAD_DIM_PAD + offs_d[None, :]   # contiguous
+    kv_ok = (offs_n < N_K)[:, None]
+    k = tl.load(K + kv_rows, mask=kv_ok, other=0.0)
+    v = tl.load(V + kv_rows, mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                                BLOCK_M, BLOCK_N)
+    bh0 = (kv_bh // H_KV * H_Q) + kv_bh % H_KV * GROUP      # the first query head of the group
+    if HAS_WINDOW:                               # both ends masked: one loop, masks only at the ends
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, GROUP, LSE, DELTA, offs_m, offs_n, lo, hi,
+                            full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW, BLOCK_M,
+                            HEAD_DIM_PAD)
+    else:
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, GROUP, LSE, DELTA, offs_m, offs_n, lo, full_lo,
+                            full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW, BLOCK_M,
+                            HEAD_DIM_PAD)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, GROUP, LSE, DELTA, offs_m, offs_n, full_lo,
+                            full_hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, False, HAS_WINDOW,
+                            BLOCK_M, HEAD_DIM_PAD)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, GROUP, LSE, DELTA, offs_m, offs_n, full_hi, hi,
+                            full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW, BLOCK_M,
+                            HEAD_DIM_PAD)
+    tl.store(DK + kv_rows, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, lo, hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+             MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
+             HEAD_DIM_PAD: tl.constexpr):
+    """dq += dS K over the key blocks [lo, hi); ``pos`` is each row's query position."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        k = desc_k.load([kv_bh, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)             # zeros past N_K
+        v = desc_v.load([kv_bh, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if MASKED:
+            cols = start_n + offs_n
+            seen = cols[None, :] < N_K
+            if CAUSAL:
+                seen = seen & _visible(pos[:, None], cols[None, :], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
+            s = tl.where(seen, s, float("-inf"))
+        p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+    return dq
+
+
+@tuning.autotune(DQ_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS", "GROUP",
+                                "PACK"], pre_hook=_dq_tile_shapes)
+@triton.jit
+def _tma_dq_kernel(
+    desc_k, desc_v, Q, DO, DQ, LSE, DELTA,
+    H_Q, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PACK: tl.constexpr,
+):
+    # As in stage 9, a program takes PACK query heads of one GQA group at ROWS positions: row r is
+    # (batch x head) head0 + r // ROWS at position start_m + r % ROWS.
+    ROWS: tl.constexpr = BLOCK_M // PACK
+    pid_m = tl.program_id(0)
+    head0 = tl.program_id(1) * PACK
+    kv_bh = head0 // GROUP
+    start_m = pid_m * ROWS
+    r = tl.arange(0, BLOCK_M)
+    pos = start_m + r % ROWS
+    bh = head0 + r // ROWS
+    row_ok = pos < N_Q
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    stats = bh * N_Q + pos                                   # this row's entry of LSE and DELTA
+    tile = stats.to(tl.int64)[:, None] * HEAD_DIM_PAD + offs_d[None, :]                 # contiguous tensors
+    q = tl.load(Q + tile, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + tile, mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + stats, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + stats, mask=row_ok, other=0.0)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees nothing: p = 0, not NaN
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    sink_hi, lo, full_lo, full_hi, hi = _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                                       ROWS, BLOCK_N)
+    if sink_hi > 0:
+        dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, 0, sink_hi, N_Q, N_K, WINDOW, SINK_TOKENS,
+                      qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
+    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, lo, full_lo, N_Q, N_K, WINDOW, SINK_TOKENS,
+                  qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
+    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS,
+                  qk_scale, False, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
+    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, full_hi, hi, N_Q, N_K, WINDOW, SINK_TOKENS,
+                  qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
+    tl.store(DQ + tile, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
+                             sm_scale=None, block_m=None, block_n=None):
+    """Gradients ``(dq, dk, dv, dsinks)``, as stage 9's ``flash_attention_backward``.
+
+    q, o, do: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) float32 from the forward;
+    D a power of two from 16 to 256.  ``block_m``/``block_n`` fix the dQ kernel's tile (for tests).
+    Extra memory: delta (B, Hq, Nq) float32 and a few floats per query block for dsinks.
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                                      sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
+    if D & (D - 1):
+        raise ValueError(f"head_dim is {D}: the TMA variant takes head dims that are powers of two (a TMA tile has "
+                         f"no padding columns); stage 9's flash_attention_backward pads the others")
+    runtime.check_dtype(q.dtype)
+    for name, x in (("o", o), ("do", do)):
+        if not isinstance(x, torch.Tensor) or x.shape != q.shape or x.dtype != q.dtype:
+            raise ValueError(f"{name} must be a {q.dtype} tensor of q's shape {tuple(q.shape)}, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not isinstance(lse, torch.Tensor) or lse.shape != (B, Hq, Nq) or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be the forward's float32 tensor of shape {(B, Hq, Nq)}, got "
+                         f"{tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__}")
+    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
+    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
+    group = Hq // Hkv
+    pack = tuning.gqa_pack(group)                           # 2, 4 or 8: block_m (>= 16) holds whole groups
+    q, k, v, o, do = (_forward._tma_ready(x) for x in (q, k, v, o, do))
+    lse = lse.contiguous()
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    has_window = window is not None
+    w = window if has_window else 0
+    s_tok = sink_tokens if has_window else 0               # without a window every earlier key is seen
+    flags = dict(CAUSAL=causal, HAS_WINDOW=has_window, HEAD_DIM_PAD=D)   # D is a power of two: no padding
+    dkdv_kernel, dkdv_tile = tuning.plan(_tma_dkdv_kernel, DKDV_TILES, D, Nq, Nk,
+                                         interpreter_tile=DKDV_INTERPRETER_TILE)
+    dq_kernel, dq_tile = tuning.plan(_tma_dq_kernel, DQ_TILES, D, Nq, Nk, interpreter_tile=DQ_INTERPRETER_TILE,
+                                     block_m=block_m, block_n=block_n)
+    desc_q, desc_do = (TensorDescriptor.from_tensor(x.view(B * Hq, Nq, D), [1, 16, D]) for x in (q, do))
+    desc_k, desc_v = (TensorDescriptor.from_tensor(x.view(B * Hkv, Nk, D), [1, 16, D]) for x in (k, v))
+    if dkdv_tile:                                # a fixed tile: no pre-hook runs, give the shapes here
+        _dkdv_tile_shapes(dict(desc_q=desc_q, desc_do=desc_do, HEAD_DIM_PAD=D, **dkdv_tile))
+    if dq_tile:
+        _dq_tile_shapes(dict(desc_k=desc_k, desc_v=desc_v, HEAD_DIM_PAD=D, **dq_tile))
+
+    # 1. delta = rowsum(dO * O) and the learned sinks' gradient: stage 9's preprocess.
+    pre_m = _stage9.PREPROCESS_BLOCK_M
+    delta = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)
+    dsinks_part = torch.empty(B, Hq, triton.cdiv(Nq, pre_m), device=q.device, dtype=torch.float32)
+    _bwd_preprocess_kernel[(triton.cdiv(Nq, pre_m), B * Hq)](
+        o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part, *o.stride(), *do.stride(), Hq, Nq, D,
+        BLOCK_M=pre_m, HEAD_DIM_PAD=D, HAS_SINKS=sinks is not None)
+    dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
+
+    # 2. dK and dV: one program per (key block, batch x KV head), over the group's query heads.
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
+        desc_q, desc_do, k, v, dk, dv, lse, delta, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E,
+        **flags, **dkdv_tile)
+
+    # 3. dQ: one program per (block of positions, batch x PACK query heads of a group).
+    dq = torch.empty_like(q)
+    dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"] // pack), B * Hq // pack)](
+        desc_k, desc_v, q, do, dq, lse, delta, Hq, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, PACK=pack,
+        **flags, **dq_tile)
+    return dq, dk, dv, dsinks

@@ -1,0 +1,129 @@
+"""The TMA variant of the backward (solutions/fast_backward_tma.py) against float64 autograd.
+
+The gradients are judged as stage 9's checks judge them: against autograd through the float64
+reference, allowing 3x the error of the same computation in the inputs' dtype.  On the CPU
+Triton's interpreter runs the descriptors as ordinary loads; the GPU runs add bfloat16 and
+long sequences, where the autotuner picks the tiles.
+"""
+
+import pytest
+import torch
+
+from kernels import reference, runtime, tolerance
+from kernels.loader import ROOT, load_file
+from test_fast_forward import CASES as FORWARD_CASES
+
+PATH = ROOT / "solutions" / "fast_backward_tma.py"
+pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")
+DEVICE = "cuda" if runtime.ON_GPU else "cpu"
+# On a GPU a float32 tl.dot runs in TF32, which autograd cannot reproduce: float16 there.
+DTYPES = [torch.float32, torch.float16] if DEVICE == "cpu" else [torch.float16]
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return load_file(PATH)
+
+
+def _inputs(b, hq, hkv, nq, nk, d, dtype, seed=0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, do = (torch.randn(b, hq, nq, d, device=DEVICE, dtype=dtype, generator=gen) for _ in range(2))
+    k, v = (torch.randn(b, hkv, nk, d, device=DEVICE, dtype=dtype, generator=gen) for _ in range(2))
+    return q, k, v, do
+
+
+def _autograd(q, k, v, do, *, sinks, compute_dtype, **mask):
+    leaf = torch.float64 if compute_dtype == torch.float64 else q.dtype
+    q, k, v = (t.detach().to(leaf).requires_grad_(True) for t in (q, k, v))
+    s = sinks.detach().clone().requires_grad_(True) if sinks is not None else None
+    o, _ = reference.attention(q, k, v, sinks=s, compute_dtype=compute_dtype, **mask)
+    o.backward(do.to(o.dtype))
+    return q.grad, k.grad, v.grad, (s.grad if s is not None else None)
+
+
+def _check_grads(got, q, k, v, do, sinks=None, **mask):
+    ref = _autograd(q, k, v, do, sinks=sinks, compute_dtype=torch.float64, **mask)
+    base = _autograd(q, k, v, do, sinks=sinks, compute_dtype=tolerance.baseline_dtype(q.dtype), **mask)
+    floor = 4 * torch.finfo(torch.float32).eps * (1.0 + max(float(g.abs().max()) for g in ref[:3]))
+    for name, x, r, b, like in zip(("dq", "dk", "dv"), got[:3], ref[:3], base[:3], (q, k, v)):
+        assert x.dtype == like.dtype and x.shape == like.shape, name
+        report = tolerance.compare(x, r, b, name=name, factor=3.0, floor=floor)
+        assert report.ok, report.message
+    if sinks is None:
+        assert got[3] is None
+    else:
+        assert got[3].dtype == sinks.dtype
+        report = tolerance.compare(got[3], ref[3], base[3], name="dsinks", factor=3.0)
+        assert report.ok, report.message
+
+
+# The forward's shapes and masks (partial blocks, MQA rows that see nothing, short windows, sink
+# tokens, groups of 4 and 8), with learned sinks added.
+CASES = FORWARD_CASES + [
+    (1, 4, 2, 60, 60, 16, dict(learned_sinks=True)),
+    (1, 8, 2, 66, 66, 32, dict(causal=True, window=10, sink_tokens=2, learned_sinks=True)),
+    (1, 4, 4, 70, 30, 16, dict(causal=True, learned_sinks=True)),   # rows that see no key but the sink
+]
+
+
+@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, mask", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradients_match_float64_autograd(fast, b, hq, hkv, nq, nk, d, mask, dtype):
+    q, k, v, do = _inputs(b, hq, hkv, nq, nk, d, dtype)
+    mask = dict(mask)
+    if mask.pop("learned_sinks", False):
+        mask["sinks"] = torch.linspace(-3.0, 4.0, hq, device=DEVICE)
+    o, lse = fast.flash_attention(q, k, v, **mask)
+    got = fast.flash_attention_backward(q, k, v, o, lse, do, **mask)
+    _check_grads(got, q, k, v, do, **mask)
+
+
+def test_rows_that_see_nothing_get_zero_gradients(fast):
+    q, k, v, do = _inputs(1, 2, 2, 50, 20, 16, torch.float32)
+    o, lse = fast.flash_attention(q, k, v, causal=True)
+    dq, dk, dv, _ = fast.flash_attention_backward(q, k, v, o, lse, do, causal=True)
+    assert torch.all(dq[:, :, :30] == 0) and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+def test_strided_inputs_and_a_fixed_dq_tile(fast):
+    q, k, v, do = _inputs(2, 4, 2, 45, 45, 32, torch.float32, seed=1)
+    qt, kt, vt, dot = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v, do))   # (B, N, H, D)
+    assert not qt.is_contiguous()
+    o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3)
+    got = fast.flash_attention_backward(qt, kt, vt, o, lse, dot, causal=True, sm_scale=0.3, block_m=16, block_n=16)
+    _check_grads(got, q, k, v, do, causal=True, sm_scale=0.3)
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(d=48), ValueError, ["head_dim", "powers of two"]),
+    (dict(window=8), ValueError, ["window", "causal"]),
+    (dict(o="short"), ValueError, ["o must be"]),
+    (dict(lse="double"), ValueError, ["lse must be"]),
+    (dict(block_m=24), ValueError, ["block_m"]),
+])
+def test_bad_input_names_the_argument(fast, kwargs, error, words):
+    d, hq = kwargs.pop("d", 16), kwargs.pop("hq", 1)
+    q, k, v, do = _inputs(1, hq, 1 if hq == 1 else hq // 2, 8, 8, d, torch.float32)
+    o, lse = torch.zeros_like(q), torch.zeros(q.shape[:3])
+    if kwargs.pop("o", None):
+        o = o[:, :, :4]
+    if kwargs.pop("lse", None):
+        lse = lse.double()
+    with pytest.raises(error) as info:
+        fast.flash_attention_backward(q, k, v, o, lse, do, **kwargs)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+@pytest.mark.skipif(not runtime.ON_GPU, reason="bfloat16 and the autotuned tiles need a CUDA GPU")
+@pytest.mark.parametrize("mask", [dict(causal=True), dict(causal=True, window=300), dict(learned_sinks=True)])
+def test_gpu_long_sequences_in_bfloat16(fast, mask):
+    q, k, v, do = _inputs(1, 8, 2, 2048, 2048, 64, torch.bfloat16)    # 2048 x 2048 pairs: the autotuner runs
+    mask = dict(mask)
+    if mask.pop("learned_sinks", False):
+        mask["sinks"] = torch.linspace(-3.0, 4.0, 8, device=DEVICE)
+    o, lse = fast.flash_attention(q, k, v, **mask)
+    got = fast.flash_attention_backward(q, k, v, o, lse, do, **mask)
+    # dk and dv of KV head 0 need all four of its query heads: judge those against autograd on them.
+    small = dict(mask, sinks=mask["sinks"][:4]) if "sinks" in mask else mask
+    _check_grads((got[0][:, :4], got[1][:, :1], got[2][:, :1], got[3][:4] if got[3] is not None else None),
+                 q[:, :4], k[:, :1], v[:, :1], do[:, :4], **small)
