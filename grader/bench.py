@@ -292,7 +292,7 @@ class StageKernel(Provider):
         return (lambda: backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
 
 
-class FastForward(Provider):
+class TmaVariant(Provider):
     """``solutions/fast_forward_tma.py`` and ``fast_backward_tma.py``: the TMA variants of the forward and backward."""
     name = "solution-tma"
     FILE = "fast_forward_tma.py"
@@ -306,11 +306,14 @@ class FastForward(Provider):
         from kernels.loader import load_file
         self.module = load_file(path)
 
-    def attend(self, case, x):
+    @staticmethod
+    def _options(case: Case) -> dict:
         if case.head_dim & (case.head_dim - 1):
             raise NotApplicable("the TMA variant takes head dims that are powers of two")
-        flash_attention = self.module.flash_attention
-        opts = {"causal": case.causal, "window": case.window, "sink_tokens": case.sink_tokens}
+        return {"causal": case.causal, "window": case.window, "sink_tokens": case.sink_tokens}
+
+    def attend(self, case, x):
+        flash_attention, opts = self.module.flash_attention, self._options(case)
         return lambda q, k, v, sinks: flash_attention(q, k, v, **opts, **self._with_sinks(sinks))[0]
 
     def backward(self, case, x):
@@ -318,13 +321,10 @@ class FastForward(Provider):
         path = ROOT / "solutions" / self.BACKWARD_FILE
         if not path.exists():
             raise NotApplicable(f"the TMA backward is an instructor's file, solutions/{self.BACKWARD_FILE}")
-        if case.head_dim & (case.head_dim - 1):
-            raise NotApplicable("the TMA variant takes head dims that are powers of two")
-        module = load_file(path)
-        opts = {"causal": case.causal, "window": case.window, "sink_tokens": case.sink_tokens}
-        sinks = self._with_sinks(x.sinks)
+        opts, sinks = self._options(case), self._with_sinks(x.sinks)
+        backward = load_file(path).flash_attention_backward
         o, lse = self.module.flash_attention(x.q, x.k, x.v, **opts, **sinks)
-        return (lambda: module.flash_attention_backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
+        return (lambda: backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
 
 
 class Sdpa(Provider):
@@ -457,7 +457,7 @@ def provider(name: str, stage: str, source: str) -> Provider:
     if name == "stage3-triton":
         return StageKernel("stage3", source, name="stage3-triton")
     if name == "solution-tma":
-        return FastForward(source)
+        return TmaVariant(source)
     if name == "sdpa-flash":
         return Sdpa(name, "FLASH_ATTENTION")
     if name == "sdpa-cudnn":

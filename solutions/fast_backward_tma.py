@@ -249,7 +249,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
     group = Hq // Hkv
-    pack = tuning.gqa_pack(group)                           # 2, 4 or 8: block_m (>= 16) holds whole groups
+    pack = tuning.gqa_pack(group)                           # 1, 2, 4 or 8: a block_m (>= 16) holds whole groups
     q, k, v, o, do = (_forward._tma_ready(x) for x in (q, k, v, o, do))
     lse = lse.contiguous()
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
