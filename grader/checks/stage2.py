@@ -63,13 +63,25 @@ def _wrs_refs(x, w):
     return ref, base
 
 
+def _wrs_floor(x, w) -> float:
+    """The tolerance's floor for a float32 row sum: a few roundings of its largest partial sum.
+
+    A sum rounds its partial sums, not its result: when the terms cancel (a row summing to 2
+    through partial sums of 20) float32 errs in proportion to the partial sums.  Any order that
+    adds contiguous chunks (a block loop of tree sums, PyTorch's) has partial sums of at most
+    twice the largest prefix sum in magnitude.
+    """
+    prefix = (x.double() * w.double()).cumsum(-1).abs()
+    return 4 * torch.finfo(torch.float32).eps * (1.0 + 2 * float(prefix.max()))
+
+
 def _wrs_close(ctx, x, w, *, label, block_n=None):
     ref, base = _wrs_refs(x, w)
     kwargs = {} if block_n is None else {"block_n": block_n}
     out = ctx.learner.weighted_row_sum(x, w, **kwargs)
     name = f"weighted_row_sum, x {tuple(x.shape)} {label}"
     ctx.expect_dtype(out, torch.float32, name=f"{name} (the sum is returned in float32)")
-    ctx.close(out, ref, base, name=name, dims=("r",))
+    ctx.close(out, ref, base, name=name, dims=("r",), floor=_wrs_floor(x, w))
     return out
 
 
@@ -97,7 +109,8 @@ def weighted_row_sum_masks_the_edge(ctx):
             ctx.fail(f"weighted_row_sum, x {tuple(x.shape)} (a view whose memory past column {n - 1} holds NaN), "
                      f"block_n=64: out is NaN at rows {rows[:8]}: the kernel read past the end of a row "
                      f"(columns {n}..63 of the only column block) and multiplied what it found there")
-        ctx.close(out, ref, base, name=f"weighted_row_sum, x {tuple(x.shape)} with NaN past each row", dims=("r",))
+        ctx.close(out, ref, base, name=f"weighted_row_sum, x {tuple(x.shape)} with NaN past each row", dims=("r",),
+                  floor=_wrs_floor(x, w))
 
 
 @check(points=1, hint="address x[r, c] as X + r * stride_xm + c * stride_xn with the strides the wrapper "
