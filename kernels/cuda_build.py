@@ -66,12 +66,15 @@ def _defines(defines: dict[str, int]) -> list[str]:
 
 
 def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CUDA kernel",
-         verbose: bool = False) -> ctypes.CDLL:
-    """Compile ``source`` with ``defines`` for this GPU (first use only) and return it as a ctypes library."""
+         verbose: bool = False, arch: str | None = None) -> ctypes.CDLL:
+    """Compile ``source`` with ``defines`` for this GPU (first use only) and return it as a ctypes library.
+
+    ``arch`` overrides the GPU's architecture, e.g. 'sm_90a' for a kernel that uses wgmma.
+    """
     import torch
     source = Path(source)
     text = source.read_text()
-    arch = device_arch()
+    arch = arch or device_arch()
     key_text = "\n".join([text, repr(sorted(defines.items())), arch, " ".join(FLAGS), torch.__version__])
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
     if key in _loaded:
