@@ -1,0 +1,143 @@
+"""Stage 4 on Hopper with wgmma and TMA: the fast variant, beside the readable CUDA kernel.
+
+Which is which
+--------------
+``solutions/stage4_variable_block.cu`` is the model answer: each warp multiplies 16x16 by 16x8
+tiles with ``mma.sync``, reads its fragments with ``ldmatrix``, all threads copy tiles with
+``cp.async`` and meet at ``__syncthreads`` once per key block.  That is the kernel a learner
+writes, and it runs on any GPU from Ampere on.
+
+``solutions/fast_variable_block_wgmma.cu`` computes the same forward (o and lse, causal aligned
+bottom-right, any Nq and Nk, float16 and bfloat16) on an H100 or H200 only (sm_90a), built the
+way Hopper wants it:
+
+* **Warpgroup multiplies.**  ``wgmma.m64nNk16`` multiplies 64 rows for four warps together, and
+  its N runs from 8 to 256 in steps of 8: P V is one instruction per 16 keys with N equal to the
+  head dim, 72 or 96 or 160.  The tile still follows the head dim, now in the instruction's
+  own shape.  Q and K are read by the tensor cores straight from shared memory; P stays in
+  registers.
+* **A producer and consumers.**  One warpgroup only loads: one of its threads asks the TMA for
+  whole tiles, into a ring of stages guarded by mbarriers (``full``: the tile has landed;
+  ``empty``: every consumer warp is done with it).  The other warpgroups only compute, each at
+  its own pace; nobody waits at a block-wide barrier.  ``setmaxnreg`` hands the producer's
+  registers to the consumers (24 against 240 a thread with two consumer warpgroups).
+* **Overlap inside a warpgroup.**  S = Q K^T of block j is issued together with O += P V of
+  block j - 1, so the softmax of block j runs while the tensor cores finish the product.
+* **Swizzled tiles.**  The TMA writes each 64-column panel of a tile with 128-byte rows whose
+  16-byte chunks are permuted by the row (chunk c of row r at c xor r % 8), the layout the wgmma
+  descriptors read without bank conflicts.  The output goes back through the same layout and
+  a TMA store.
+
+Measured on an H100 (``python -m grader bench stage4`` times it as ``solution-wgmma`` beside
+the stage's solution and SDPA; README has the table): D96 about 1.2x SDPA's FlashAttention-2,
+D72 about 1.5x, D160 about 2x.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from pathlib import Path
+
+import torch
+
+from kernels import cuda_build, validate
+
+CU_FILE = Path(__file__).with_name("fast_variable_block_wgmma.cu")
+ARCH = "sm_90a"               # wgmma exists on sm_90a only
+
+# (block_n, warpgroups, stages) by head dim, up to the listed one: BLOCK_N keys per tile, 64 query
+# rows per consumer warpgroup, K/V stages in the ring.  Measured on an H100 (bf16, B4 H16 N4096,
+# useful TFLOP/s, non-causal / causal): D64 128x(3 wg) 381 / 317 against 316 / 278 with 2 wg;
+# D72 64x3 350 / 300 against 321 / 285 for 128x2; D96 64x3 411 / 370, 128x2 402 / 368, 64x2
+# 351 / 310; D128 128x2 476 / 424, 64x2 400 / 373; D160 64x3 486 / 438, 96x2 467 / 420, 64x2
+# 422 / 379.  A third stage changed nothing by more than 2% (D160 64x2: +8%, still below 64x3).
+TILES = {64: (128, 3, 2), 96: (64, 3, 2), 128: (128, 2, 2), 160: (64, 3, 2), 256: (64, 2, 2)}
+SMEM_LIMIT = 227 * 1024       # an H100's shared memory per thread block
+
+
+def plan(head_dim: int) -> tuple[int, int, int]:
+    """(block_n, warpgroups, stages) for ``head_dim``: the entry of the next listed head dim up."""
+    for limit in sorted(TILES):
+        if head_dim <= limit:
+            return TILES[limit]
+    raise ValueError(f"head_dim must be at most 256, got {head_dim}")
+
+
+def smem_bytes(head_dim: int, block_n: int, warpgroups: int, stages: int) -> int:
+    """Dynamic shared memory of one thread block (the .cu's Config::SMEM_BYTES).
+
+    Tiles are stored in 64-column panels of 128-byte rows, so a head dim is rounded up to a
+    multiple of 64 here (the TMA fills the missing columns with zeros): the Q tile, ``stages``
+    K tiles and as many V tiles, and 1024 bytes to align them.
+    """
+    panels = (head_dim + 63) // 64
+    return panels * 128 * (64 * warpgroups + 2 * stages * block_n) + 1024
+
+
+def _kernel(head_dim: int, block_n: int, warpgroups: int, stages: int):
+    lib = cuda_build.load(CU_FILE, label="stage 4 wgmma kernel", arch=ARCH,
+                          defines={"HEAD_DIM": head_dim, "BLOCK_N": block_n, "WARPGROUPS": warpgroups,
+                                   "STAGES": stages})
+    if lib.stage4w_forward.argtypes is None:
+        lib.stage4w_forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(ctypes.c_int64)] + \
+            [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        lib.stage4w_forward.restype = ctypes.c_int
+        lib.stage4w_error_string.restype = ctypes.c_char_p
+    config = (ctypes.c_int * 6)()      # HEAD_DIM, BLOCK_M, BLOCK_N, WARPGROUPS, threads, shared memory
+    lib.stage4w_config(config)
+    if config[5] != smem_bytes(head_dim, block_n, warpgroups, stages):
+        raise RuntimeError(f"the kernel asks for {config[5]} bytes of shared memory, smem_bytes() says "
+                           f"{smem_bytes(head_dim, block_n, warpgroups, stages)}: keep the two in step")
+    return lib
+
+
+def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = None,
+                    block_n: int | None = None, warpgroups: int | None = None, stages: int | None = None):
+    """FlashAttention forward with the wgmma kernel; returns ``(o, lse)``.
+
+    q: (B, H, Nq, D); k, v: (B, H, Nk, D); D a multiple of 8 from 16 to 256; any Nq, Nk >= 1;
+    float16 or bfloat16 on an sm_90 GPU (H100, H200).  Inputs that are not contiguous are
+    copied first (the TMA needs 16-byte strides).  ``block_n`` (a multiple of 16 up to 256),
+    ``warpgroups`` (1, 2 or 3; 64 query rows each) and ``stages`` (2, 3 or 4) override the plan.
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
+        q, k, v, causal=causal, sm_scale=sm_scale, dtypes=(torch.float16, torch.bfloat16))
+    if Hq != Hkv:
+        raise ValueError(f"q has {Hq} heads and k/v have {Hkv}; stage 4 expects the same number of heads")
+    if D % 8 or D < 16:
+        raise ValueError(f"head_dim must be a multiple of 8 from 16 to 256, got {D}")
+    planned = dict(zip(("block_n", "warpgroups", "stages"), plan(D)))
+    chosen = {name: planned[name] if given is None else given
+              for name, given in (("block_n", block_n), ("warpgroups", warpgroups), ("stages", stages))}
+    for name, ok, rule in (("block_n", lambda x: 16 <= x <= 256 and x % 16 == 0, "a multiple of 16 up to 256"),
+                           ("warpgroups", lambda x: x in (1, 2, 3), "1, 2 or 3"),
+                           ("stages", lambda x: x in (2, 3, 4), "2, 3 or 4")):
+        value = chosen[name]
+        if isinstance(value, bool) or not isinstance(value, int) or not ok(value):
+            raise ValueError(f"{name} must be {rule}, got {value!r}")
+    bn, wgs, ns = chosen["block_n"], chosen["warpgroups"], chosen["stages"]
+    need = smem_bytes(D, bn, wgs, ns)
+    if need > SMEM_LIMIT - 256:       # 256 bytes stay for the kernel's mbarriers
+        raise ValueError(f"block_n = {bn} with {wgs} warpgroups and {ns} stages needs {need} bytes of shared "
+                         f"memory at head_dim {D}; at most {SMEM_LIMIT - 256} fit")
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        where = q.device if not q.is_cuda else torch.cuda.get_device_name(q.device)
+        raise RuntimeError(f"the wgmma kernel needs an sm_90 GPU (H100, H200), but q is on {where}; "
+                           "solutions/stage4_variable_block.py runs on any GPU from Ampere on")
+    if B * Hq > 65535:
+        raise ValueError(f"batch x heads is {B * Hq}; the kernel's grid allows at most 65535")
+    lib = _kernel(D, bn, wgs, ns)
+    q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.contiguous() for x in (q, k, v))
+    o = torch.empty(B, Hq, Nq, D, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)
+    if Nq == 0 or B * Hq == 0:
+        return o, lse
+    strides = (ctypes.c_int64 * 12)(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    err = lib.stage4w_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), strides,
+                              B, Hq, Nq, Nk, D, scale, 0 if q.dtype == torch.float16 else 1, int(causal),
+                              torch.cuda.current_stream(q.device).cuda_stream)
+    if err:
+        raise RuntimeError(f"the stage 4 wgmma kernel failed: {lib.stage4w_error_string(err).decode()}")
+    return o, lse

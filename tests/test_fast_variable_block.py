@@ -1,0 +1,157 @@
+"""Stage 4's Hopper variant (solutions/fast_variable_block_wgmma.py/.cu) against the float64 reference.
+
+Without a GPU: nvcc builds the .cu for sm_90a (the build's own record of its shared memory must
+match the .py's plan), every planned tile fits, bad input is refused by name, and the bench
+says why it cannot time it.  On an H100 or H200 the kernel runs against float64 attention.
+"""
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+
+from grader import bench
+from kernels import cuda_build, reference, runtime, tolerance
+from kernels.loader import ROOT, load_file
+
+PATH = ROOT / "solutions" / "fast_variable_block_wgmma.py"
+pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")
+DEVICE = "cuda" if runtime.ON_GPU else "cpu"
+ON_HOPPER = runtime.ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not ON_HOPPER, reason="wgmma and setmaxnreg need an sm_90 GPU (H100, H200)")
+
+
+@pytest.fixture(scope="module")
+def fast():
+    return load_file(PATH)
+
+
+def _inputs(b, h, nq, nk, d, dtype, seed=0, scale=1.0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(b, h, nq, d, device=DEVICE, dtype=dtype, generator=gen) * scale
+    k, v = (torch.randn(b, h, nk, d, device=DEVICE, dtype=dtype, generator=gen) for _ in range(2))
+    return q.to(dtype), k, v
+
+
+def _check(o, lse, q, k, v, **mask):
+    ref_o, ref_lse = reference.attention(q, k, v, **mask)
+    base_o, base_lse = reference.attention(q, k, v, compute_dtype=tolerance.baseline_dtype(q.dtype), **mask)
+    for name, out, ref, base in (("o", o, ref_o, base_o), ("lse", lse, ref_lse, base_lse)):
+        report = tolerance.compare(out, ref, base, name=name)
+        assert report.ok, report.message
+
+
+# ---- any machine -------------------------------------------------------------------------
+
+def test_every_planned_tile_fits_in_shared_memory(fast):
+    for d in range(16, 257, 8):
+        block_n, warpgroups, stages = fast.plan(d)
+        assert fast.smem_bytes(d, block_n, warpgroups, stages) <= fast.SMEM_LIMIT - 256, d
+    with pytest.raises(ValueError, match="head_dim"):
+        fast.plan(264)
+
+
+@pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
+@pytest.mark.parametrize("d", [72, 160])
+def test_nvcc_builds_the_planned_kernel_and_its_shared_memory_matches_the_plan(fast, d, tmp_path):
+    """A host-side library needs no GPU: its stage4w_config reports what the kernel will ask for."""
+    block_n, warpgroups, stages = fast.plan(d)
+    library = tmp_path / f"wgmma_{d}.so"
+    cmd = [cuda_build.nvcc(), "-shared", "-Xcompiler", "-fPIC", cuda_build.gencode(fast.ARCH), *cuda_build.FLAGS,
+           f"-DHEAD_DIM={d}", f"-DBLOCK_N={block_n}", f"-DWARPGROUPS={warpgroups}", f"-DSTAGES={stages}",
+           str(fast.CU_FILE), "-o", str(library)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = (ctypes.c_int * 6)()
+    ctypes.CDLL(str(library)).stage4w_config(config)
+    assert list(config) == [d, 64 * warpgroups, block_n, warpgroups, 128 * (warpgroups + 1),
+                            fast.smem_bytes(d, block_n, warpgroups, stages)]
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(block_n=24), ValueError, ["block_n", "multiple of 16"]),
+    (dict(warpgroups=4), ValueError, ["warpgroups"]),
+    (dict(stages=1), ValueError, ["stages"]),
+    (dict(d=256, block_n=256, warpgroups=3, stages=4), ValueError, ["shared memory", "block_n = 256"]),
+    (dict(d=12), ValueError, ["head_dim"]),
+])
+def test_bad_input_names_the_argument(fast, kwargs, error, words):
+    d = kwargs.pop("d", 64)
+    q, k, v = _inputs(1, 1, 8, 8, d, torch.float16)
+    with pytest.raises(error) as info:
+        fast.flash_attention(q, k, v, **kwargs)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_different_head_counts_are_refused(fast):
+    q, _, _ = _inputs(1, 4, 8, 8, 64, torch.float16)
+    k, v, _ = _inputs(1, 2, 8, 8, 64, torch.float16)
+    with pytest.raises(ValueError, match="same number of heads"):
+        fast.flash_attention(q, k, v)
+
+
+@pytest.mark.skipif(ON_HOPPER, reason="checks the message given off Hopper")
+def test_off_hopper_it_says_which_gpu_it_needs(fast):
+    q, k, v = _inputs(1, 1, 8, 8, 64, torch.float16)
+    with pytest.raises(RuntimeError, match="sm_90"):
+        fast.flash_attention(q, k, v)
+
+
+def test_the_bench_lists_it_for_stage4_and_says_where_it_cannot_go():
+    assert "solution-wgmma" in bench.PROVIDERS["stage4"]
+    cases = [bench.Case(1, 2, 64, 64, 72, dtype=torch.float16)]
+    quiet = dict(timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
+    learner = bench.run("stage4", source="stages", cases=cases, providers=["solution-wgmma"], device=DEVICE, **quiet)
+    assert learner[0]["note"] == ("n/a: the wgmma variant is an instructor's file, "
+                                  "solutions/fast_variable_block_wgmma.py")
+    if not ON_HOPPER:
+        rows = bench.run("stage4", cases=cases, providers=["solution-wgmma"], device=DEVICE, **quiet)
+        assert rows[0]["note"] == "n/a: the wgmma variant runs on sm_90 GPUs (H100, H200) only"
+
+
+# ---- on an H100 / H200 -------------------------------------------------------------------
+
+HEAD_DIMS = [16, 40, 64, 72, 96, 128, 160, 200, 256]
+
+
+@needs_hopper
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_head_dims(fast, d, dtype):
+    q, k, v = _inputs(2, 3, 131, 257, d, dtype, seed=d)
+    _check(*fast.flash_attention(q, k, v), q, k, v)
+
+
+@needs_hopper
+@pytest.mark.parametrize("d", [48, 72, 96, 160])
+@pytest.mark.parametrize("nq, nk", [(200, 200), (77, 300), (300, 77), (1, 129), (1000, 129), (129, 1000)])
+def test_gpu_causal_and_odd_lengths(fast, d, nq, nk):
+    q, k, v = _inputs(1, 2, nq, nk, d, torch.bfloat16, seed=nq + nk, scale=2.0)
+    o, lse = fast.flash_attention(q, k, v, causal=True)
+    _check(o, lse, q, k, v, causal=True)
+    if nq > nk:                                  # the first nq - nk rows see no key
+        assert torch.all(o[:, :, : nq - nk] == 0) and torch.all(lse[:, :, : nq - nk] == float("-inf"))
+
+
+@needs_hopper
+@pytest.mark.parametrize("tiles", [dict(block_n=128, warpgroups=2, stages=3), dict(block_n=64, warpgroups=1),
+                                   dict(block_n=32, warpgroups=3, stages=4), dict(block_n=176, warpgroups=2)])
+def test_gpu_tile_overrides(fast, tiles):
+    q, k, v = _inputs(1, 2, 300, 450, 96, torch.float16, seed=7)
+    _check(*fast.flash_attention(q, k, v, causal=True, **tiles), q, k, v, causal=True)
+
+
+@needs_hopper
+def test_gpu_non_contiguous_inputs_and_scale(fast):
+    q, k, v = (torch.randn(2, n, 3, 72, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2) for n in (100, 140, 140))
+    o, lse = fast.flash_attention(q, k, v, sm_scale=0.2)
+    _check(o, lse, q, k, v, sm_scale=0.2)
+
+
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_long_sequences(fast, causal):
+    q, k, v = _inputs(1, 4, 2048, 2048, 96, torch.bfloat16, seed=3)
+    o, lse = fast.flash_attention(q, k, v, causal=causal)
+    _check(o, lse, q, k, v, causal=causal)
