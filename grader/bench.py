@@ -20,6 +20,8 @@ Providers, timed in the same run on the same inputs:
     solution-tma    solutions/fast_forward_tma.py and fast_backward_tma.py: the forward of
                     stages 5-8 and stage 9's backward through TMA descriptors, the fast variants
                     beside the readable solutions (stages 5-9)
+    solution-wgmma  solutions/fast_variable_block_wgmma.py: stage 4's forward with wgmma, TMA and
+                    a producer warpgroup, the Hopper variant beside the mma.sync kernel (stage 4)
 
 GQA goes to SDPA and flex through enable_gqa=True.  A provider that cannot express a case (SDPA
 has no window, sink tokens or learned sinks, and aligns causal masks top-left) is reported
@@ -192,11 +194,12 @@ CASES: dict[str, list[Case]] = {
                   for c in _both(**_GQA_LONG, window=w, sinks=sinks)]),
 }
 
-PROVIDER_NAMES = ("solution", "sdpa-flash", "sdpa-cudnn", "flex", "stage3-triton", "solution-tma")
+PROVIDER_NAMES = ("solution", "sdpa-flash", "sdpa-cudnn", "flex", "stage3-triton", "solution-tma",
+                  "solution-wgmma")
 DEFAULT_PROVIDERS = ["solution", "sdpa-flash", "sdpa-cudnn", "flex"]
 _WITH_TMA = ["solution", "solution-tma", "sdpa-flash", "sdpa-cudnn", "flex"]
 PROVIDERS: dict[str, list[str]] = {
-    "stage4": ["solution", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
+    "stage4": ["solution", "solution-wgmma", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
     "stage5": _WITH_TMA, "stage6": _WITH_TMA, "stage7": _WITH_TMA, "stage8": _WITH_TMA, "stage9": _WITH_TMA,
 }
 
@@ -325,6 +328,30 @@ class TmaVariant(Provider):
         backward = load_file(path).flash_attention_backward
         o, lse = self.module.flash_attention(x.q, x.k, x.v, **opts, **sinks)
         return (lambda: backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
+
+
+class WgmmaVariant(Provider):
+    """``solutions/fast_variable_block_wgmma.py``: stage 4's forward for sm_90 GPUs."""
+    name = "solution-wgmma"
+    FILE = "fast_variable_block_wgmma.py"
+
+    def __init__(self, source: str):
+        from kernels.loader import ROOT, load_file
+        path = ROOT / "solutions" / self.FILE
+        if source != "solutions" or not path.exists():
+            raise NotApplicable(f"the wgmma variant is an instructor's file, solutions/{self.FILE}")
+        self.module = load_file(path)
+
+    def attend(self, case, x):
+        if not x.q.is_cuda or torch.cuda.get_device_capability(x.q.device) != (9, 0):
+            raise NotApplicable("the wgmma variant runs on sm_90 GPUs (H100, H200) only")
+        if case.heads != case.hkv or case.window is not None or case.sink_tokens or case.sinks:
+            raise NotApplicable("the wgmma variant is stage 4's forward: same heads, full or causal masks")
+        flash_attention = self.module.flash_attention
+        return lambda q, k, v, sinks: flash_attention(q, k, v, causal=case.causal)[0]
+
+    def backward(self, case, x):
+        raise NotApplicable("the wgmma variant has no backward")
 
 
 class Sdpa(Provider):
@@ -458,6 +485,8 @@ def provider(name: str, stage: str, source: str) -> Provider:
         return StageKernel("stage3", source, name="stage3-triton")
     if name == "solution-tma":
         return TmaVariant(source)
+    if name == "solution-wgmma":
+        return WgmmaVariant(source)
     if name == "sdpa-flash":
         return Sdpa(name, "FLASH_ATTENTION")
     if name == "sdpa-cudnn":
@@ -756,7 +785,8 @@ def write_json(rows: list[dict], path) -> None:
 
 
 _COLORS = {"solution": "#d62728", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#17becf", "flex": "#2ca02c",
-           "stage3-triton": "#ff7f0e", "solution-tma": "#9467bd"}
+           "stage3-triton": "#ff7f0e", "solution-tma": "#9467bd",
+           "solution-wgmma": "#8c564b"}
 
 
 def plot(rows: list[dict], path, *, title: str | None = None) -> None:
