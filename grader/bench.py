@@ -295,19 +295,25 @@ class StageKernel(Provider):
         return (lambda: backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
 
 
-class TmaVariant(Provider):
+class InstructorVariant(Provider):
+    """A fast variant kept beside the solutions in ``solutions/FILE`` (instructors' files only)."""
+    FILE = "?"
+    WHAT = "?"
+
+    def __init__(self, source: str):
+        from kernels.loader import ROOT, load_file
+        path = ROOT / "solutions" / self.FILE
+        if source != "solutions" or not path.exists():
+            raise NotApplicable(f"{self.WHAT} is an instructor's file, solutions/{self.FILE}")
+        self.module = load_file(path)
+
+
+class TmaVariant(InstructorVariant):
     """``solutions/fast_forward_tma.py`` and ``fast_backward_tma.py``: the TMA variants of the forward and backward."""
     name = "solution-tma"
     FILE = "fast_forward_tma.py"
+    WHAT = "the TMA variant"
     BACKWARD_FILE = "fast_backward_tma.py"
-
-    def __init__(self, source: str):
-        from kernels.loader import ROOT
-        path = ROOT / "solutions" / self.FILE
-        if source != "solutions" or not path.exists():
-            raise NotApplicable(f"the TMA variant is an instructor's file, solutions/{self.FILE}")
-        from kernels.loader import load_file
-        self.module = load_file(path)
 
     @staticmethod
     def _options(case: Case) -> dict:
@@ -330,17 +336,11 @@ class TmaVariant(Provider):
         return (lambda: backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
 
 
-class WgmmaVariant(Provider):
+class WgmmaVariant(InstructorVariant):
     """``solutions/fast_variable_block_wgmma.py``: stage 4's forward for sm_90 GPUs."""
     name = "solution-wgmma"
     FILE = "fast_variable_block_wgmma.py"
-
-    def __init__(self, source: str):
-        from kernels.loader import ROOT, load_file
-        path = ROOT / "solutions" / self.FILE
-        if source != "solutions" or not path.exists():
-            raise NotApplicable(f"the wgmma variant is an instructor's file, solutions/{self.FILE}")
-        self.module = load_file(path)
+    WHAT = "the wgmma variant"
 
     def attend(self, case, x):
         if not x.q.is_cuda or torch.cuda.get_device_capability(x.q.device) != (9, 0):

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from grader import bench
-from kernels import cuda_build, reference, runtime, tolerance
+from kernels import cuda_build, runtime
 from kernels.loader import ROOT, load_file
+from test_fast_forward import _check  # o and lse against float64, as the forward's tests judge them
 
 PATH = ROOT / "solutions" / "fast_variable_block_wgmma.py"
 pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")
@@ -32,14 +33,6 @@ def _inputs(b, h, nq, nk, d, dtype, seed=0, scale=1.0):
     q = torch.randn(b, h, nq, d, device=DEVICE, dtype=dtype, generator=gen) * scale
     k, v = (torch.randn(b, h, nk, d, device=DEVICE, dtype=dtype, generator=gen) for _ in range(2))
     return q.to(dtype), k, v
-
-
-def _check(o, lse, q, k, v, **mask):
-    ref_o, ref_lse = reference.attention(q, k, v, **mask)
-    base_o, base_lse = reference.attention(q, k, v, compute_dtype=tolerance.baseline_dtype(q.dtype), **mask)
-    for name, out, ref, base in (("o", o, ref_o, base_o), ("lse", lse, ref_lse, base_lse)):
-        report = tolerance.compare(out, ref, base, name=name)
-        assert report.ok, report.message
 
 
 # ---- any machine -------------------------------------------------------------------------
