@@ -27,7 +27,11 @@
 // block, 239-307 depending on the tiles (below the mma.sync kernel's 294; Nsight Compute showed
 // the tensor pipe 25% busy, 0.4 eligible warps per scheduler and the L2 66% busy); then the TMA
 // producer warpgroup with mbarriers and setmaxnreg, 402 with 128-key tiles on two consumer
-// warpgroups and 411 with 64-key tiles on three.
+// warpgroups and 411 with 64-key tiles on three.  Tried and left out: FA3's "pingpong" (named
+// barriers that make the consumer warpgroups take turns issuing their multiplies, so one's
+// softmax overlaps the other's products) lost here, one run: D96 428 -> 333, D128 468 -> 450,
+// D160 495 -> 367 (each turn here covers a whole S + P V batch; strict alternation seems to idle
+// the tensor cores more than it hides).
 
 #include <cuda.h>                 // CUtensorMap and its enums (the encoder comes from the runtime, no -lcuda)
 #include <cuda_runtime.h>
