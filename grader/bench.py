@@ -301,9 +301,9 @@ class InstructorVariant(Provider):
     WHAT = "?"
 
     def __init__(self, source: str):
-        from kernels.loader import ROOT, load_file
+        from kernels.loader import ROOT, load_file, source_dir
         path = ROOT / "solutions" / self.FILE
-        if source != "solutions" or not path.exists():
+        if source_dir(source).resolve() != (ROOT / "solutions").resolve() or not path.exists():
             raise NotApplicable(f"{self.WHAT} is an instructor's file, solutions/{self.FILE}")
         self.module = load_file(path)
 
