@@ -97,8 +97,8 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
     """FlashAttention forward with the wgmma kernel; returns ``(o, lse)``.
 
     q: (B, H, Nq, D); k, v: (B, H, Nk, D); D a multiple of 8 from 16 to 256; any Nq, Nk >= 1;
-    float16 or bfloat16 on an sm_90 GPU (H100, H200).  Inputs that are not contiguous are
-    copied first (the TMA needs 16-byte strides).  ``block_n`` (a multiple of 16 up to 256),
+    float16 or bfloat16 on an sm_90 GPU (H100, H200).  Inputs that are not contiguous, or do
+    not start on 16 bytes, are copied first (the TMA wants 16-byte aligned tensors).  ``block_n`` (a multiple of 16 up to 256),
     ``warpgroups`` (1, 2 or 3; 64 query rows each) and ``stages`` (2, 3 or 4) override the plan.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
@@ -128,7 +128,8 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
     if B * Hq > 65535:
         raise ValueError(f"batch x heads is {B * Hq}; the kernel's grid allows at most 65535")
     lib = _kernel(D, bn, wgs, ns)
-    q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.contiguous() for x in (q, k, v))
+    q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
+               for x in (q, k, v))
     o = torch.empty(B, Hq, Nq, D, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)
     if Nq == 0 or B * Hq == 0:

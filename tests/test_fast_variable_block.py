@@ -143,6 +143,14 @@ def test_gpu_non_contiguous_inputs_and_scale(fast):
 
 
 @needs_hopper
+def test_gpu_contiguous_inputs_that_start_off_16_bytes(fast):
+    q, k, v = (torch.randn(1 * 2 * 90 * 72 + 1, device=DEVICE, dtype=torch.float16)[1:].view(1, 2, 90, 72)
+               for _ in range(3))
+    assert q.is_contiguous() and q.data_ptr() % 16
+    _check(*fast.flash_attention(q, k, v), q, k, v)
+
+
+@needs_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_long_sequences(fast, causal):
     q, k, v = _inputs(1, 4, 2048, 2048, 96, torch.bfloat16, seed=3)
