@@ -11,6 +11,13 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
   (head, query block) it visits, and the dQ kernel a K and a V tile for every key block: those
   come through descriptors, ``desc_q.load([batch_head, start_m, 0])``, whole tiles moved into
   shared memory by the copy engine with zeros past the end.
+* **The row statistics through descriptors too.**  The dK/dV kernel also needs each query
+  block's lse and delta, a few floats per row.  Read with ``tl.load`` they are the one load in
+  its loop that Triton's pipeline does not run ahead, so every visit waited for them; as
+  (batch x head, Nq) descriptors they arrive with the tiles.  On an H100 (GQA 32/8, D64,
+  N8192, window 1024) that took the dK/dV kernel from 1.50 to 1.29 ms at its 32 x 64 tile.
+  A TMA row must start on 16 bytes, so when Nq is not a multiple of 4 the two are first copied
+  into rows padded to one (see ``_stat_rows``).
 * **Still three kernels.**  Folding the preprocess into the dQ kernel (which holds dO anyway:
   load O beside it, compute delta there and run dK/dV second) saves a pass over O and dO, but
   on an H100 it lost under windows: GQA 32/8, D64, N8192, in one bench run, 128 TFLOP/s at
@@ -56,9 +63,11 @@ HEAD_DIMS = (16, 256)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim, as in stage 9; the first entry is used
 # untimed on short sequences.  D64 measured on an H100 with these loops (GQA 32/8, N8192):
-# dQ at window 1024 128 x 64 0.73 ms against 128 x 32 0.87 ms; dK/dV 32 x 64 and 64 x 64 within 1%.
+# dQ at window 1024 128 x 64 0.73 ms against 128 x 32 0.87 ms; dK/dV at window 1024, with lse and
+# delta through descriptors, 64 x 64 with 3 or 4 stages 1.20-1.22 ms against 32 x 64's 1.29 ms.
 DKDV_TILES = {
-    64: [(32, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 4), (64, 64, 4, 3), (32, 128, 4, 3), (32, 128, 4, 4)],
+    64: [(32, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (32, 128, 4, 3),
+         (32, 128, 4, 4)],
     128: [(64, 128, 8, 3), (32, 128, 8, 2), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3)],
     256: [(16, 64, 8, 1), (32, 64, 4, 2), (32, 64, 8, 1)],
 }
@@ -72,8 +81,9 @@ DQ_INTERPRETER_TILE = (64, 32, 4, 1)
 
 
 def _dkdv_tile_shapes(nargs: dict) -> None:
-    """The Q and dO descriptors take the dK/dV configuration's query block (the autotuner's pre-hook)."""
+    """The Q, dO, lse and delta descriptors take the dK/dV configuration's query block (the autotuner's pre-hook)."""
     nargs["desc_q"].block_shape = nargs["desc_do"].block_shape = [1, nargs["BLOCK_M"], nargs["HEAD_DIM_PAD"]]
+    nargs["desc_lse"].block_shape = nargs["desc_delta"].block_shape = [1, nargs["BLOCK_M"]]
 
 
 def _dq_tile_shapes(nargs: dict) -> None:
@@ -82,8 +92,8 @@ def _dq_tile_shapes(nargs: dict) -> None:
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, heads, LSE, DELTA, offs_m, offs_n, lo, hi, full_lo, full_hi,
-               N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, heads, offs_m, offs_n, lo, hi, full_lo,
+               full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
                MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """dk += dS^T Q and dv += P^T dO over query blocks [lo, hi) of ``heads`` heads from (batch x head) bh0.
 
@@ -95,13 +105,13 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, heads, LSE, DELTA, offs_m, of
         g = i // n_blocks
         start_m = lo + (i - g * n_blocks) * BLOCK_M
         rows = start_m + offs_m
-        row_ok = rows < N_Q
-        stats = (bh0 + g) * N_Q + rows
-        q = desc_q.load([bh0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)           # zeros past N_Q
+        # Past N_Q every tile comes back as zeros: q = do = 0 there, so with lse = delta = 0 a
+        # row past the end has p = 1 and dS = 0, and adds nothing to dk or dv.
+        q = desc_q.load([bh0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
         do = desc_do.load([bh0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
-        lse = tl.load(LSE + stats, mask=row_ok, other=float("inf"))
+        lse = desc_lse.load([bh0 + g, start_m]).reshape(BLOCK_M)
         lse = tl.where(lse == float("-inf"), float("inf"), lse)                     # empty rows: p = 0
-        delta = tl.load(DELTA + stats, mask=row_ok, other=0.0)
+        delta = desc_delta.load([bh0 + g, start_m]).reshape(BLOCK_M)
         s_t = tl.dot(k, tl.trans(q)) * qk_scale                                     # (BLOCK_N, BLOCK_M)
         if MASKED:
             if (start_m < full_lo) | (start_m >= full_hi):
@@ -119,7 +129,7 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, heads, LSE, DELTA, offs_m, of
                  pre_hook=_dkdv_tile_shapes)
 @triton.jit
 def _tma_dkdv_kernel(
-    desc_q, desc_do, K, V, DK, DV, LSE, DELTA,
+    desc_q, desc_do, desc_lse, desc_delta, K, V, DK, DV,
     H_Q, H_KV, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -141,19 +151,19 @@ def _tma_dkdv_kernel(
                                                 BLOCK_M, BLOCK_N)
     bh0 = (kv_bh // H_KV * H_Q) + kv_bh % H_KV * GROUP      # the first query head of the group
     if HAS_WINDOW:                               # both ends masked: one loop, masks only at the ends
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, GROUP, LSE, DELTA, offs_m, offs_n, lo, hi,
-                            full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW, BLOCK_M,
-                            HEAD_DIM_PAD)
-    else:
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, GROUP, LSE, DELTA, offs_m, offs_n, lo, full_lo,
-                            full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW, BLOCK_M,
-                            HEAD_DIM_PAD)
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, GROUP, LSE, DELTA, offs_m, offs_n, full_lo,
-                            full_hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, False, HAS_WINDOW,
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
+                            lo, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
                             BLOCK_M, HEAD_DIM_PAD)
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, bh0, GROUP, LSE, DELTA, offs_m, offs_n, full_hi, hi,
-                            full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW, BLOCK_M,
-                            HEAD_DIM_PAD)
+    else:
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
+                            lo, full_lo, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
+                            BLOCK_M, HEAD_DIM_PAD)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
+                            full_lo, full_hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, False,
+                            HAS_WINDOW, BLOCK_M, HEAD_DIM_PAD)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
+                            full_hi, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
+                            BLOCK_M, HEAD_DIM_PAD)
     tl.store(DK + kv_rows, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
     tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=kv_ok)
 
@@ -225,13 +235,27 @@ def _tma_dq_kernel(
     tl.store(DQ + tile, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
+def _stat_rows(x: torch.Tensor, rows: int, n: int) -> torch.Tensor:
+    """x (rows * n float32, contiguous) as a (rows, n) view whose rows start on 16 bytes, as a TMA descriptor needs.
+
+    When n is not a multiple of 4 the rows are copied into a buffer padded to one; the
+    descriptor's shape stays (rows, n), so the padding is never read.
+    """
+    if n % 4 == 0:
+        return x.view(rows, n)
+    padded = x.new_empty(rows, (n + 3) // 4 * 4)[:, :n]
+    padded.copy_(x.view(rows, n))
+    return padded
+
+
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
                              sm_scale=None, block_m=None, block_n=None):
     """Gradients ``(dq, dk, dv, dsinks)``, as stage 9's ``flash_attention_backward``.
 
     q, o, do: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) float32 from the forward;
     D a power of two from 16 to 256.  ``block_m``/``block_n`` fix the dQ kernel's tile (for tests).
-    Extra memory: delta (B, Hq, Nq) float32 and a few floats per query block for dsinks.
+    Extra memory: delta (B, Hq, Nq) float32 and a few floats per query block for dsinks (and, when Nq
+    is not a multiple of 4, padded copies of lse and delta: see _stat_rows).
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                                       sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
@@ -251,7 +275,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     group = Hq // Hkv
     pack = tuning.gqa_pack(group)                           # 1, 2, 4 or 8: a block_m (>= 16) holds whole groups
     q, k, v, o, do = (_forward._tma_ready(x) for x in (q, k, v, o, do))
-    lse = lse.contiguous()
+    lse = lse.contiguous()                       # stage 9's preprocess indexes it as (B * Hq * Nq)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     has_window = window is not None
     w = window if has_window else 0
@@ -263,9 +287,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
                                      block_m=block_m, block_n=block_n)
     desc_q, desc_do = (TensorDescriptor.from_tensor(x.view(B * Hq, Nq, D), [1, 16, D]) for x in (q, do))
     desc_k, desc_v = (TensorDescriptor.from_tensor(x.view(B * Hkv, Nk, D), [1, 16, D]) for x in (k, v))
-    if dkdv_tile:                                # a fixed tile: no pre-hook runs, give the shapes here
-        _dkdv_tile_shapes(dict(desc_q=desc_q, desc_do=desc_do, HEAD_DIM_PAD=D, **dkdv_tile))
-    if dq_tile:
+    if dq_tile:                                  # a fixed tile: no pre-hook runs, give the shape here
         _dq_tile_shapes(dict(desc_k=desc_k, desc_v=desc_v, HEAD_DIM_PAD=D, **dq_tile))
 
     # 1. delta = rowsum(dO * O) and the learned sinks' gradient: stage 9's preprocess.
@@ -278,9 +300,13 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
 
     # 2. dK and dV: one program per (key block, batch x KV head), over the group's query heads.
+    desc_lse, desc_delta = (TensorDescriptor.from_tensor(_stat_rows(x, B * Hq, Nq), [1, 16]) for x in (lse, delta))
+    if dkdv_tile:
+        _dkdv_tile_shapes(dict(desc_q=desc_q, desc_do=desc_do, desc_lse=desc_lse, desc_delta=desc_delta,
+                               HEAD_DIM_PAD=D, **dkdv_tile))
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
-        desc_q, desc_do, k, v, dk, dv, lse, delta, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E,
+        desc_q, desc_do, desc_lse, desc_delta, k, v, dk, dv, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E,
         **flags, **dkdv_tile)
 
     # 3. dQ: one program per (block of positions, batch x PACK query heads of a group).
