@@ -42,6 +42,7 @@ CASES = [  # b, hq, hkv, nq, nk, d, mask
     (1, 2, 1, 70, 30, 16, dict(causal=True)),                   # MQA; Nq > Nk: the first 40 rows see nothing
     (1, 4, 2, 90, 90, 32, dict(causal=True, window=9)),         # a window shorter than a block
     (1, 2, 2, 75, 64, 64, dict(causal=True, window=40)),
+    (1, 4, 1, 160, 160, 16, dict(causal=True, window=70)),      # masked edge blocks on both sides of whole ones
     (1, 1, 1, 33, 65, 128, {}),
     (2, 8, 2, 45, 45, 16, dict(causal=True, window=12, sink_tokens=3)),   # 4 heads a group; 3 sink tokens
     (1, 8, 1, 50, 70, 32, dict(causal=True, window=20, sink_tokens=40)),  # 8 heads; sinks reach into the window
