@@ -238,10 +238,11 @@ def _tma_dq_kernel(
 def _stat_rows(x: torch.Tensor, rows: int, n: int) -> torch.Tensor:
     """x (rows * n float32, contiguous) as a (rows, n) view whose rows start on 16 bytes, as a TMA descriptor needs.
 
-    When n is not a multiple of 4 the rows are copied into a buffer padded to one; the
-    descriptor's shape stays (rows, n), so the padding is never read.
+    When n is not a multiple of 4, or x itself starts off 16 bytes (a caller's slice), the rows
+    are copied into a buffer padded to a multiple of 4; the descriptor's shape stays (rows, n),
+    so the padding is never read.
     """
-    if n % 4 == 0:
+    if n % 4 == 0 and x.data_ptr() % 16 == 0:
         return x.view(rows, n)
     padded = x.new_empty(rows, (n + 3) // 4 * 4)[:, :n]
     padded.copy_(x.view(rows, n))

@@ -87,6 +87,19 @@ def test_strided_inputs_and_a_fixed_dq_tile(fast):
     _check_grads(got, q, k, v, do, causal=True, sm_scale=0.3)
 
 
+@pytest.mark.parametrize("nq", [48, 45])        # rows of lse that TMA can take as they are, and rows it cannot
+def test_lse_that_starts_off_16_bytes(fast, nq):
+    # The dK/dV kernel reads lse through a descriptor, which needs a 16-byte-aligned start:
+    # an lse sliced out of a larger buffer (here 4 bytes in) must still work.
+    q, k, v, do = _inputs(1, 4, 2, nq, nq, 16, torch.float32, seed=2)
+    o, lse = fast.flash_attention(q, k, v, causal=True)
+    shifted = torch.empty(lse.numel() + 1, device=DEVICE)[1:].view(lse.shape)
+    shifted.copy_(lse)
+    assert shifted.is_contiguous() and shifted.data_ptr() % 16
+    got = fast.flash_attention_backward(q, k, v, o, shifted, do, causal=True)
+    _check_grads(got, q, k, v, do, causal=True)
+
+
 @pytest.mark.parametrize("kwargs, error, words", [
     (dict(d=48), ValueError, ["head_dim", "powers of two"]),
     (dict(window=8), ValueError, ["window", "causal"]),
