@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         from grader import bench
         return bench.main(argv[1:])
     from grader.limits import Limits, add_limit_options, limit_overrides
+    from grader.sandbox import add_isolation_option, use_isolation_option
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", nargs="?", help="stage to grade: stage1 ..., or several: stage5,stage6 "
@@ -54,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
                              "results.json for Gradescope, hidden checks folded into one line")
     parser.add_argument("--out", metavar="FILE", help="with --format json or gradescope: write there, whole")
     parser.add_argument("--sanitize", action="store_true", help="run under compute-sanitizer memcheck (GPU)")
+    add_isolation_option(parser)
     add_limit_options(parser)
     args = parser.parse_args(argv)
+    use_isolation_option(args)
     if args.solutions and args.submission:
         parser.error("--solutions and --submission choose different files: give one")
     if args.out and args.format == "table":

@@ -7,18 +7,22 @@ Each folder in SUBMISSIONS is one learner: their stage files, or a whole copy of
 
 in a process of its own, so nothing one learner's code does can reach another's grading; up to
 ``--jobs`` of them (the machine's cores) run at once.  Every learner gets the same inputs (one
-seed per batch, kept in OUT/batch.json).  Learner code in a batch may not read SUBMISSIONS nor
-write OUT (grader/guard.py).
+seed per batch, kept in OUT/batch.json).  Learner code runs in the sandbox grader/sandbox.py
+chooses: it sees its own submission and nothing of SUBMISSIONS, OUT or the other workers.  A
+batch refuses to start without a real isolation mechanism unless told ``--isolation none``.
 
-    OUT/gradebook.csv             learner, stage, score, max_score, status, seconds
-    OUT/<learner>/results.json    Gradescope's format; hidden checks folded into one line, so it
-                                  can go back to the learner as it is
-    OUT/<learner>/<stage>.json    the grader's full record, hidden checks by name: the instructor's
+    OUT/gradebook.csv                      learner, stage, score, max_score, status, seconds, isolation
+    OUT/learners/<learner>/results.json    Gradescope's format; hidden checks folded into one line,
+                                           so it can go back to the learner as it is
+    OUT/learners/<learner>/<stage>.json    the grader's full record, hidden checks by name: the
+                                           instructor's
 
 A batch that is interrupted resumes: a (learner, stage) whose record exists and was made from
-the same stage files (their SHA-256 is in it) is not graded again.  Every file is written to a
-temporary name and renamed, so none is ever half-written; the gradebook is rewritten, whole, each
-time a grading finishes.
+the same stage files (their SHA-256 is in it) is not graded again, unless its grading failed for
+the grader's own reasons (an "error" record).  Every file is written to a temporary name and
+renamed, so none is ever half-written; the gradebook is rewritten, whole, each time a grading
+finishes.  Folders whose names start with a dot, and anything in SUBMISSIONS that is not a plain
+folder, are listed and left out.
 """
 
 from __future__ import annotations
@@ -38,18 +42,31 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from grader import formats, stages
+from grader import files, formats, sandbox, stages
 from grader.grade import CheckResult, StageResult, submission_folder
 from grader.limits import Limits, add_limit_options, limit_overrides
+from grader.sandbox import add_isolation_option, use_isolation_option
 from kernels.loader import ROOT
 
-COLUMNS = ("learner", "stage", "score", "max_score", "status", "seconds")
+COLUMNS = ("learner", "stage", "score", "max_score", "status", "seconds", "isolation")
 _GRACE = 120.0  # seconds a grading process may take beyond its stage's limit (starting up, reporting)
 
 
 def learners(submissions: Path, out: Path) -> list[Path]:
-    """One folder per learner (not hidden folders, nor the output if it was put among them)."""
-    return sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith(".") and p != out)
+    """One plain folder per learner: not hidden folders, links or files, nor the output if it is there."""
+    return sorted(p for p in submissions.iterdir()
+                  if files.plain_folder(p) and not p.name.startswith(".") and p.resolve() != out)
+
+
+def left_out(submissions: Path, out: Path) -> list[str]:
+    """What ``learners`` leaves out, with why (said once at the start of a batch, never silently)."""
+    found = []
+    for p in sorted(submissions.iterdir()):
+        if p.resolve() == out or (files.plain_folder(p) and not p.name.startswith(".")):
+            continue
+        why = "a hidden folder" if files.plain_folder(p) else files.kind(os.lstat(p).st_mode)
+        found.append(f"{p.name} ({why})")
+    return found
 
 
 def digest(folder: Path, stage) -> str:
@@ -57,40 +74,53 @@ def digest(folder: Path, stage) -> str:
     h = hashlib.sha256()
     where = submission_folder(folder, stage)
     for name in stage.files():
-        path = where / name
-        h.update(name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"<missing>") + b"\0")
+        try:
+            data = files.read_plain(where / name)
+        except files.UnsafeFile as exc:
+            data = f"<unsafe: {exc}>".encode()
+        h.update(name.encode() + b"\0" + (b"<missing>" if data is None else data) + b"\0")
     return h.hexdigest()
 
 
 class Batch:
-    def __init__(self, submissions: Path, chosen: list, out: Path, *, jobs: int, limits: Limits, seed: int):
-        self.submissions, self.stages, self.out = submissions, chosen, out
+    def __init__(self, submissions: Path, chosen: list, out: Path, *, jobs: int, limits: Limits, seed: int,
+                 mechanism: sandbox.Mechanism):
+        self.submissions, self.stages, self.out, self.mechanism = submissions, chosen, out, mechanism
         self.jobs, self.limits, self.seed = jobs, limits, seed
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._stopping = False
 
+    def folder(self, learner: Path) -> Path:
+        return self.out / "learners" / learner.name
+
     def record_path(self, learner: Path, stage) -> Path:
-        return self.out / learner.name / f"{stage.name}.json"
+        return self.folder(learner) / f"{stage.name}.json"
 
     def load(self, learner: Path, stage) -> dict | None:
-        """The record of a finished grading, or None if there is none or it is stale."""
+        """The record of a finished grading, or None if there is none, it is stale, or the grading
+        failed for the grader's own reasons (graded again on resume)."""
         try:
-            record = json.loads(self.record_path(learner, stage).read_text())
-        except (OSError, ValueError):
+            data = files.read_plain(self.record_path(learner, stage))
+            record = json.loads(data) if data is not None else None
+        except (files.UnsafeFile, ValueError):
+            return None
+        if not isinstance(record, dict) or "error" in record:
             return None
         return record if record.get("digest") == digest(learner, stage) else None
 
     # -- one grading, in a process of its own ---------------------------------------------------
     def grade(self, learner: Path, stage) -> dict:
         started = time.monotonic()
-        tmp = self.out / learner.name / f".{stage.name}.{secrets.token_hex(6)}.tmp"
+        tmp = self.folder(learner) / f".{stage.name}.{secrets.token_hex(6)}.tmp"
         env = dict(os.environ, **self.limits.env(), WORKBOOK_SEED=str(self.seed),
                    WORKBOOK_PRIVATE=str(self.submissions), WORKBOOK_PROTECT=str(self.out),
+                   **{sandbox.ENV: self.mechanism.name, sandbox.CHECKED_ENV: self.mechanism.name},
                    OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // self.jobs)))
         cmd = [sys.executable, "-m", "grader", stage.name, "--submission", str(learner), "--format", "json",
                "--out", str(tmp)]
-        record = {"learner": learner.name, "stage": stage.name, "digest": digest(learner, stage)}
+        record = {"learner": learner.name, "stage": stage.name, "digest": digest(learner, stage),
+                  "isolation": self.mechanism.name}
         try:
             with self._lock:
                 if self._stopping:
@@ -136,7 +166,7 @@ class Batch:
         records = [(s, self.load(learner, s)) for s in self.stages]
         if all(r is not None for _, r in records):
             graded = [(s, self.stage_result(r, s)) for s, r in records]
-            formats.write_atomic(self.out / learner.name / "results.json",
+            formats.write_atomic(self.folder(learner) / "results.json",
                                  json.dumps(formats.gradescope(graded), indent=1) + "\n")
 
     def write_gradebook(self) -> int:
@@ -151,7 +181,8 @@ class Batch:
                 not_run = sum(r.status == "not run" for r in result.results)
                 if status == "graded" and not_run:
                     status += f" ({not_run} GPU-only checks not run)"
-                rows.append((learner.name, stage.name, result.score, result.max_score, status, record["seconds"]))
+                rows.append((learner.name, stage.name, result.score, result.max_score, status, record["seconds"],
+                             record.get("isolation", "")))
         text = io.StringIO()
         writer = csv.writer(text, lineterminator="\n")
         writer.writerow(COLUMNS)
@@ -204,21 +235,41 @@ def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, 
     if not submissions.is_dir():
         _say(f"{submissions} is not a folder of submissions (one folder per learner)")
         return 2
+    try:
+        mechanism = sandbox.choose()
+    except sandbox.IsolationError as exc:
+        _say(str(exc))
+        return 2
+    if mechanism.name == "none" and sandbox.requested() != "none":
+        _say("no isolation mechanism works here, so learner code would run as you, able to read the answer keys "
+             f"and the other submissions ({mechanism.reason}).\nInstall bubblewrap or run as root to grade "
+             "a class; --isolation none grades anyway (only for code you trust).")
+        return 2
     jobs = max(1, jobs or os.cpu_count() or 1)
     limits = limits or Limits.from_env(jobs=jobs)
     out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o700)  # records are the grader's alone
+    if mechanism.name == "user":
+        sandbox.protect_answer_keys([submissions, out])
     meta_path = out / "batch.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    try:
+        meta = json.loads(files.read_plain(meta_path) or b"{}")
+    except (files.UnsafeFile, ValueError):
+        meta = {}
     seed = seed if seed is not None else meta.get("seed", secrets.randbelow(2**31))
     formats.write_atomic(meta_path, json.dumps({"seed": seed, "submissions": str(submissions)}, indent=1) + "\n")
-    batch = Batch(submissions, chosen, out, jobs=jobs, limits=limits, seed=seed)
+    batch = Batch(submissions, chosen, out, jobs=jobs, limits=limits, seed=seed, mechanism=mechanism)
     everyone = learners(submissions, out)
     todo = [(p, s) for p in everyone for s in chosen if batch.load(p, s) is None]
     for p in everyone:
-        (out / p.name).mkdir(exist_ok=True)
+        batch.folder(p).mkdir(parents=True, exist_ok=True)
     total = len(everyone) * len(chosen)
+    skipped = left_out(submissions, out)
+    if skipped:
+        _say(f"left out (not a learner's folder): {', '.join(skipped)}")
     _say(f"{len(everyone)} learners, {', '.join(s.name for s in chosen)}: {len(todo)} to grade, "
-         f"{total - len(todo)} already graded; {jobs} at a time; inputs seed {seed}")
+         f"{total - len(todo)} already graded; {jobs} at a time; inputs seed {seed}; learner code isolated by "
+         f"{mechanism.describe()}")
     progress = Progress(total, total - len(todo))
     remaining = {p.name: sum(1 for q, _ in todo if q == p) for p in everyone}
     if threading.current_thread() is threading.main_thread():
@@ -247,7 +298,8 @@ def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, 
     for p in everyone:  # learners whose every stage was already graded before this run
         batch.write_learner(p)
     rows = batch.write_gradebook()
-    _say(f"gradebook: {out / 'gradebook.csv'} ({rows} rows); each learner's results.json is in {out}/<learner>/")
+    _say(f"gradebook: {out / 'gradebook.csv'} ({rows} rows); each learner's results.json is in "
+         f"{out / 'learners'}/<learner>/")
     return 0
 
 
@@ -259,8 +311,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where the gradebook and results go")
     parser.add_argument("--jobs", type=int, help="gradings at once (default: the machine's cores)")
     parser.add_argument("--seed", type=int, help="the inputs' seed (default: random, then kept in OUT/batch.json)")
+    add_isolation_option(parser)
     add_limit_options(parser)
     args = parser.parse_args(argv)
+    use_isolation_option(args)
     try:
         chosen = [stages.find(name) for name in args.stages.split(",")]
     except ValueError as exc:

@@ -16,6 +16,7 @@ them is one line, "k hidden checks: x/y points", with neither names nor messages
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -24,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import release
+from grader import files, release, sandbox
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.limits import Limits
 from grader.stages import Stage
@@ -54,6 +55,7 @@ class StageResult:
     seed: int = 0
     device: str = ""
     seconds: float = 0.0
+    isolation: str = ""         # the mechanism learner code ran under (grader/sandbox.py)
 
     @property
     def score(self) -> int:
@@ -75,26 +77,45 @@ class StageResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "StageResult":
-        fields = {k: d[k] for k in ("stage", "source", "status", "seed", "device", "seconds") if k in d}
+        fields = {k: d[k] for k in ("stage", "source", "status", "seed", "device", "seconds", "isolation") if k in d}
         return cls(**fields, results=[CheckResult(**r) for r in d.get("results", [])])
 
 
 def submission_folder(path: str | Path, stage: Stage) -> Path:
-    """Where a submission keeps ``stage``'s files: the folder itself, or its ``stages/`` (a whole repository)."""
+    """Where a submission keeps ``stage``'s files: the folder itself, or its ``stages/`` (a whole
+    repository).  A link is never followed: a linked folder is reported when its files are read."""
     path = Path(path)
     for folder in (path, path / "stages"):
-        if (folder / f"{stage.module}.py").exists():
+        if os.path.islink(folder):
+            return folder   # refused, with the reason, when it is read
+        if files.plain_folder(folder) and os.path.lexists(folder / f"{stage.module}.py"):
             return folder
     return path
 
 
 def _snapshot(stage: Stage, source: str) -> Path:
-    """Copy the stage's files to a private folder, so grading never touches (or is touched by) them."""
+    """Copy the stage's files to a private folder, so grading never touches (or is touched by) them.
+
+    Only plain files are copied, never through a link (files.read_plain); the copy lives in the
+    grader's own folder under a name no other worker can list (sandbox.private_dir).
+    """
     src = loader.source_dir(source)
-    tmp = Path(tempfile.mkdtemp(prefix=f"workbook-{stage.name}-"))
-    for name in stage.files():
-        if (src / name).exists():
-            shutil.copy2(src / name, tmp / name)
+    if os.path.islink(src) or (str(source) not in ("stages", "solutions") and os.path.islink(Path(source))):
+        raise files.UnsafeFile(f"{source} is a symbolic link: the grader reads only plain files and folders")
+    if str(source) == "stages" and os.path.islink(loader.ROOT / "stages"):
+        raise files.UnsafeFile("stages/ is a symbolic link: the grader reads only plain files and folders")
+    tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{stage.name}-", dir=sandbox.private_dir()))
+    try:
+        os.chmod(tmp, 0o755)  # the worker (perhaps another uid) reads it; its parent is not listable
+        for name in stage.files():
+            data = files.read_plain(src / name)
+            if data is not None:
+                fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with open(fd, "wb") as f:
+                    f.write(data)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return tmp
 
 
@@ -116,6 +137,7 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         deadline = min(deadline or float("inf"), start + limits.check_timeout)
     ctx = Ctx(runner, seed, timeout=timeout, deadline=deadline)
     status, message, hint = "pass", "", check.hint
+    runner.last_call = None
     try:
         check.fn(ctx)
     except CheckFailed as exc:
@@ -138,6 +160,14 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         tail = _crash_context(runner.output_tail(4000), runner.stage)
         if tail:
             message += f"; last output: {tail}"
+    except Exception as exc:  # noqa: BLE001 - the check could not use what came back: this check fails, no other
+        status, hint = "FAIL", ""
+        if runner.last_call:
+            fn_name, what = runner.last_call
+            message = (f"{fn_name} returned {what}, which this check could not use ({type(exc).__name__}: {exc}): "
+                       "see its docstring for what it must return")
+        else:
+            message = f"the check stopped with {type(exc).__name__}: {exc}"
     if status not in PASSING + ("not run",) and hint:
         message += f"\n  hint: {hint}"
     earned = check.points if status in PASSING else 0
@@ -173,21 +203,36 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
     folder = loader.source_dir(source)
     path = folder / f"{stage.module}.py"
     result = StageResult(stage.name, str(source), "graded", seed=seed, device=runtime.describe())
-    if not path.exists():
+    try:
+        mechanism = sandbox.choose()
+    except sandbox.IsolationError as exc:
+        result.status = "not graded"
+        result.results = [CheckResult(c.name, c.points, 0, "crash", str(exc), hidden=c.hidden) for c in checks]
+        return result
+    result.isolation = mechanism.name
+    if not os.path.lexists(path):
         result.status = "not started"
         result.results = [CheckResult(c.name, c.points, 0, "todo", f"{path} does not exist", hidden=c.hidden)
                           for c in checks]
         return result
-    if str(source) != "solutions" and release.is_untouched(path):
+    try:
+        untouched = str(source) != "solutions" and release.is_untouched(path)
+        snapshot = None if untouched else _snapshot(stage, source)
+    except files.UnsafeFile as exc:
+        result.status = "refused"
+        result.results = [CheckResult(c.name, c.points, 0, "FAIL", str(exc), hidden=c.hidden) for c in checks]
+        return result
+    if untouched:
         result.status = "not started"
         result.results = [CheckResult(c.name, c.points, 0, "todo", "not started", hidden=c.hidden) for c in checks]
         return result
 
-    snapshot = _snapshot(stage, source)
     # Learner code reads its files from the snapshot; the folder they came from is none of its business.
     private = [] if folder in (loader.ROOT / "stages", loader.ROOT / "solutions") else [folder]
+    if mechanism.name == "user":
+        sandbox.protect_answer_keys(private)
     try:
-        with Runner(stage.module, str(snapshot), limits=limits, private=private) as runner:
+        with Runner(stage.module, str(snapshot), limits=limits, private=private, mechanism=mechanism) as runner:
             for check in checks:
                 if time.monotonic() >= deadline:
                     result.results.append(CheckResult(
@@ -233,7 +278,8 @@ def hidden_summary(results: list[CheckResult]) -> str:
 
 
 def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str:
-    lines = [f"{stage.name}: {stage.title}  [{result.source}]"]
+    lines = [f"{stage.name}: {stage.title}  [{result.source}]"
+             + (f"  (learner code isolated by {result.isolation})" if result.isolation else "")]
     if result.status == "not started":
         missing = any("does not exist" in r.message for r in result.results)
         lines.append(f"  not started: {result.source}/{stage.module}.py "

@@ -45,6 +45,7 @@ import site
 import sys
 import tempfile
 import threading
+import types
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
@@ -157,7 +158,14 @@ class _RefuseImports(importlib.abc.MetaPathFinder):
     def __init__(self, guard: Guard):
         self.guard = guard
 
+    _NAMED = {"solutions": "the reference solutions", "tests": "the workbook's tests",
+              "grader.checks": "the grader's checks"}
+
     def find_spec(self, fullname, path=None, target=None):
+        for name, what in self._NAMED.items():  # inside a sandbox they are not there at all: say why
+            if fullname == name or fullname.startswith(name + "."):
+                raise ImportError(f"the grader does not let stage code import {fullname}: that is {what}",
+                                  name=fullname)
         if path is not None and not any(self.guard.read_refusal(_norm(p) or "") for p in path):
             return None  # a submodule of a package outside the private folders: nothing to look up
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -173,17 +181,19 @@ class _RefuseImports(importlib.abc.MetaPathFinder):
 
 
 def _lock_reference() -> None:
-    from kernels import reference
+    """Put a stand-in for ``kernels.reference`` (the answer key) whose every name raises."""
+    import kernels
 
-    def refuse(name):
-        def refused(*args, **kwargs):
+    class Refused(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
             raise PermissionError(f"kernels.reference.{name} is the grader's answer key; stage code may not "
-                                  "call it: compute the result yourself")
-        return refused
+                                  "use it: compute the result yourself")
 
-    for name, obj in list(vars(reference).items()):
-        if inspect.isfunction(obj) and obj.__module__ == reference.__name__:
-            setattr(reference, name, refuse(name))
+    stand_in = Refused("kernels.reference")
+    sys.modules["kernels.reference"] = stand_in
+    kernels.reference = stand_in
 
 
 def _env_paths(name: str) -> list[str]:

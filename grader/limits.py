@@ -9,6 +9,10 @@ Each limit has a default, an environment variable, and an option of ``python -m 
     memory      WORKBOOK_MEMORY_MB      --memory-mb      the worker's resident memory (8 GiB; less on a
                                                          machine with under 10 GiB of RAM)
     output      WORKBOOK_OUTPUT_KB      --output-kb      what learner code may print (1024 KiB)
+    processes   WORKBOOK_PROCESSES      --processes      processes and threads at once (256), where the
+                                                         worker has a uid of its own
+    disk        WORKBOOK_DISK_MB        --disk-mb        the worker's scratch space, and any one file (2048)
+    open files  WORKBOOK_OPEN_FILES     --open-files     file descriptors at once (1024)
 
 A call that runs out of time fails its check ("timeout"); a worker that goes over its memory
 or prints past the cap is stopped and the check fails ("crash") with that reason.
@@ -20,7 +24,8 @@ import os
 from dataclasses import dataclass, replace
 
 ENV = {"check_timeout": "WORKBOOK_CHECK_TIMEOUT", "stage_timeout": "WORKBOOK_STAGE_TIMEOUT",
-       "memory_mb": "WORKBOOK_MEMORY_MB", "output_kb": "WORKBOOK_OUTPUT_KB"}
+       "memory_mb": "WORKBOOK_MEMORY_MB", "output_kb": "WORKBOOK_OUTPUT_KB", "processes": "WORKBOOK_PROCESSES",
+       "disk_mb": "WORKBOOK_DISK_MB", "open_files": "WORKBOOK_OPEN_FILES"}
 
 
 def _ram_mb() -> int:
@@ -41,6 +46,9 @@ class Limits:
     stage_timeout: float = 600.0
     memory_mb: int = 8192
     output_kb: int = 1024
+    processes: int = 256
+    disk_mb: int = 2048
+    open_files: int = 1024
 
     @classmethod
     def from_env(cls, *, jobs: int = 1, **overrides) -> "Limits":
@@ -63,8 +71,11 @@ def add_limit_options(parser) -> None:
     parser.add_argument("--stage-timeout", type=float, metavar="S", help="seconds for all the checks of a stage")
     parser.add_argument("--memory-mb", type=int, metavar="MB", help="the worker's memory limit")
     parser.add_argument("--output-kb", type=int, metavar="KB", help="how much learner code may print")
+    parser.add_argument("--processes", type=int, metavar="N", help="processes and threads learner code may run")
+    parser.add_argument("--disk-mb", type=int, metavar="MB", help="scratch space learner code may write")
+    parser.add_argument("--open-files", type=int, metavar="N", help="files learner code may hold open")
 
 
 def limit_overrides(args) -> dict:
     """The options of ``add_limit_options`` as ``Limits.from_env`` overrides (None: not given)."""
-    return {k: getattr(args, k) for k in ("check_timeout", "stage_timeout", "memory_mb", "output_kb")}
+    return {k: getattr(args, k) for k in ENV}

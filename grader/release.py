@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
-import shutil
 import time
 from pathlib import Path
 
+from grader import files
 from kernels.loader import ROOT
 
 MANIFEST = ".release.json"
@@ -63,40 +64,69 @@ def render(text: str, filename: str) -> str:
     return "".join(out)
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+def _sha(data: str | bytes) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def _read(path: Path) -> bytes | None:
+    """A stage file's bytes (None if absent), never through a link nor blocking on a FIFO: a file
+    that is not a plain one counts as edited, which keeps it from being overwritten."""
+    try:
+        return files.read_plain(path)
+    except files.UnsafeFile:
+        return b"\0<not a plain file>"
 
 
 def stage_files(solutions: Path) -> list[Path]:
-    return sorted(p for p in solutions.iterdir() if p.name.startswith("stage") and p.suffix in (".py", ".cu"))
+    return sorted(p for p in solutions.iterdir() if p.name.startswith("stage") and p.suffix in (".py", ".cu")
+                  and files.plain_file(p))
 
 
 def rendered(solutions: Path | None = None) -> dict[str, str]:
     """File name -> learner text, for every stage file in solutions/."""
     solutions = solutions or ROOT / "solutions"
-    return {p.name: render(p.read_text(), p.name) for p in stage_files(solutions)}
+    return {p.name: render(files.read_plain(p).decode(), p.name) for p in stage_files(solutions)}
 
 
 def is_untouched(path: Path, solutions: Path | None = None) -> bool:
     """True when a learner file is exactly what release generates (the learner has not started).
 
     Without ``solutions/`` (a learner's bundle, an autograder), what release wrote is known from
-    ``stages/.release.json``.
+    ``stages/.release.json``.  Compared as bytes: a file in any encoding, or none, is just edited.
     """
     solutions = solutions or ROOT / "solutions"
+    current = _read(path)
+    if current is None:
+        return False
     if not solutions.is_dir():
         manifest = ROOT / "stages" / MANIFEST
         recorded = json.loads(manifest.read_text()).get(path.name) if manifest.exists() else None
-        return recorded is not None and path.exists() and _sha(path.read_text()) == recorded
+        return recorded is not None and _sha(current) == recorded
     expected = rendered(solutions).get(path.name)
-    return expected is not None and path.exists() and path.read_text() == expected
+    return expected is not None and current == expected.encode()
 
 
 def check(*, stages: Path | None = None, solutions: Path | None = None) -> list[str]:
     """Names of files in stages/ that are not what release would write now (empty: in sync)."""
     stages = stages or ROOT / "stages"
-    return [name for name, text in rendered(solutions).items()
-            if not (stages / name).exists() or (stages / name).read_text() != text]
+    return [name for name, text in rendered(solutions).items() if _read(stages / name) != text.encode()]
+
+
+def _backup(target: Path, stages: Path) -> Path:
+    """Copy an edited file to stages/.backup/ under a name no earlier backup has."""
+    folder = stages / ".backup"
+    folder.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        backup = folder / f"{target.name}.{stamp}" if n == 0 else folder / f"{target.name}.{stamp}.{n}"
+        try:
+            fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        with open(fd, "wb") as f:
+            f.write(_read(target) or b"")
+        return backup
+    raise FileExistsError(f"1000 backups of {target.name} in {folder} within one second")
 
 
 def release(*, force: bool = False, stages: Path | None = None, solutions: Path | None = None,
@@ -109,9 +139,9 @@ def release(*, force: bool = False, stages: Path | None = None, solutions: Path 
     kept = 0
     for name, text in rendered(solutions).items():
         target = stages / name
-        if target.exists():
-            current = target.read_text()
-            if current == text:
+        current = _read(target)
+        if current is not None:
+            if current == text.encode():
                 manifest[name] = _sha(text)
                 continue
             edited = manifest.get(name) != _sha(current)
@@ -120,10 +150,10 @@ def release(*, force: bool = False, stages: Path | None = None, solutions: Path 
                 kept += 1
                 continue
             if edited:
-                backup = stages / ".backup" / f"{name}.{time.strftime('%Y%m%d-%H%M%S')}"
-                backup.parent.mkdir(exist_ok=True)
-                shutil.copy2(target, backup)
+                backup = _backup(target, stages)
                 log(f"backup   {name} -> {backup.relative_to(stages.parent)}")
+            if not files.plain_file(target):
+                target.unlink()  # a link or a FIFO: replaced by the file, never written through
         target.write_text(text)
         manifest[name] = _sha(text)
         log(f"wrote    {name}")

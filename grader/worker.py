@@ -1,7 +1,9 @@
 """Run learner code in a process of its own.
 
 The grader's process builds inputs, computes the reference and compares; learner code only
-ever runs here, in a worker started with ``spawn``.  The two speak over a pipe:
+ever runs here, in a worker that is a fresh Python (``python -m grader.worker``) started inside
+the sandbox grader/sandbox.py chooses (bubblewrap, a dedicated user, or none).  The two speak
+over two pipes:
 
     grader -> worker   pickle of ("call", function name, args, kwargs)   (the grader's own data)
     worker -> grader   torch.save bytes of ("ok", result), ("misbehaved", message) or
@@ -15,17 +17,20 @@ grader, and a result too large or of a type the grader does not accept fails the
 The worker's limits (grader/limits.py) are enforced from here:
 
 * time: each call has a deadline; past it the worker is killed and the check fails "timeout".
-* memory: the grader polls the worker's resident memory (RssAnon in /proc) ten times a second
-  and stops it above the limit.  Polling, not RLIMIT_AS, because CUDA reserves a virtual address
-  space far larger than any limit worth setting, and RLIMIT_AS would break it.  On the CPU the
-  worker also sets RLIMIT_DATA a little above the limit, so an absurd allocation fails at once
-  with an error; on a GPU it does not, as the CUDA driver's own mappings count against it.
+* memory: a cgroup caps memory of every kind where the sandbox can make one, and the grader
+  polls the anonymous and shared memory of every process of the worker (RssAnon + RssShmem in
+  /proc) ten times a second and stops it above the limit.  Not RLIMIT_AS: CUDA reserves a virtual
+  address space far larger than any limit worth setting.  On the CPU the worker also sets
+  RLIMIT_DATA a little above the limit, so an absurd allocation fails at once with an error; on a
+  GPU it does not, as the CUDA driver's own mappings count against it.
+* processes, open files, file size: rlimits the worker sets before it imports learner code.
 * output: learner prints go to a pipe that a thread here drains into a log (``output_tail``);
   past the cap the worker is stopped, so ``while True: print(...)`` costs neither disk nor time.
 
-The worker runs in a process group of its own and dies with the grader (PR_SET_PDEATHSIG), so a
-killed worker takes the processes it started with it.  Inside, grader/guard.py keeps learner
-code away from the answers and turns writes to inputs or past outputs into failed checks.
+The worker dies with the grader (PR_SET_PDEATHSIG, bwrap's --die-with-parent), and when it
+ends, every process it started is killed (its PID namespace, or its dedicated uid).  Inside,
+grader/guard.py gives early, friendly messages for reaching for the answers (the sandbox, not the
+guard, is what stops it), and turns writes to inputs or past outputs into failed checks.
 A worker that crashes, hangs, misbehaves in these ways or hits a CUDA error is stopped, and a
 fresh one is started for the next call.
 """
@@ -33,17 +38,20 @@ fresh one is started for the next call.
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
+import json
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import threading
 import time
 import traceback
+from dataclasses import asdict
+from multiprocessing.connection import Connection
 from pathlib import Path
 
-from grader import guard
+from grader import guard, sandbox
 from grader.guard import poisoned_allocations
 from grader.limits import Limits
 
@@ -127,28 +135,50 @@ def _die_with_parent(parent_pid: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent_pid:
+    if parent_pid and os.getppid() != parent_pid:
         os._exit(1)
 
 
-def _worker_main(conn, log, stage: str, source: str, limits: Limits, parent_pid: int,
-                 private: tuple = (), protected: tuple = ()) -> None:
-    try:
-        os.setpgid(0, 0)  # a group of its own: stopping the worker stops what it started
-    except OSError:
-        pass
+def _set_limits(limits: Limits, *, own_uid: bool) -> None:
+    """The worker's rlimits, set before any learner code runs (which cannot raise them again)."""
+    import resource
+
+    def cap(which, value):
+        soft, hard = resource.getrlimit(which)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (value, value))
+
+    cap(resource.RLIMIT_CORE, 0)
+    cap(resource.RLIMIT_NOFILE, limits.open_files)
+    cap(resource.RLIMIT_FSIZE, limits.disk_mb << 20)
+    if own_uid:  # counted per uid: only a uid of the worker's own makes it a per-worker limit
+        cap(resource.RLIMIT_NPROC, limits.processes)
+
+
+class _Pipes:
+    """The worker's end: requests come in on one pipe, replies go out on the other."""
+
+    def __init__(self, fd_in: int, fd_out: int):
+        self._in, self._out = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
+
+    def recv_bytes(self):
+        return self._in.recv_bytes()
+
+    def send_bytes(self, data):
+        self._out.send_bytes(data)
+
+
+def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
+                 private: tuple = (), protected: tuple = (), own_uid: bool = False) -> None:
     _die_with_parent(parent_pid)
-    # Learner prints go to the grader's capped log, never into the protocol or the grader's table.
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    log.close()
+    # stdout and stderr are the grader's capped log: learner prints never reach the protocol.
     import faulthandler
     import resource
     faulthandler.enable()  # a segfault prints the Python line it happened on
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
     try:
+        _set_limits(limits, own_uid=own_uid)
         from kernels import loader, runtime
         import torch
         if not runtime.ON_GPU:
@@ -199,39 +229,56 @@ def _worker_main(conn, log, stage: str, source: str, limits: Limits, parent_pid:
 
 
 class Runner:
-    """Calls functions of one stage module in a worker process, restarting it when needed.
+    """Calls functions of one stage module in a sandboxed worker process, restarting it when needed.
 
     ``private`` folders are ones learner code may not read (in a batch: the other submissions);
-    ``protected`` ones it may not write (the batch's output).  See grader/guard.py for the rest.
+    ``protected`` ones it may not write (the batch's output).  The sandbox shows the worker
+    neither; the guard names them in its early messages.
     """
 
     def __init__(self, stage: str, source: str, *, log_dir: str | os.PathLike | None = None,
-                 limits: Limits | None = None, private=(), protected=()):
-        self.stage, self.source = stage, str(source)
+                 limits: Limits | None = None, private=(), protected=(), mechanism=None):
+        self.stage = stage
+        self.source = str(Path(source).resolve()) if str(source) not in ("stages", "solutions") else str(source)
         self.limits = limits or Limits.from_env()
         self._private, self._protected = tuple(map(str, private)), tuple(map(str, protected))
-        self._ctx = mp.get_context("spawn")
+        self.mechanism = mechanism or sandbox.choose()
+        self._sandbox = None
         self._proc = None
         self._conn = None
         self._drain = None
         self._death = None          # why the grader stopped the worker, when it did
         self._lock = threading.Lock()
-        log_dir = Path(log_dir or os.environ.get("TMPDIR", "/tmp"))
-        self.log_path = str(log_dir / f"workbook-{stage}-{os.getpid()}-{id(self)}.log")
+        log_dir = Path(log_dir) if log_dir else sandbox.private_dir()
+        self.log_path = str(log_dir / f"{os.getpid()}-log-{stage}-{id(self)}.txt")
         self.description = ""
+        self.last_call: tuple[str, str] | None = None   # (function, what it returned), for messages
 
     # -- process management -------------------------------------------------------------
     def _start(self, timeout: float) -> None:
-        parent, child = self._ctx.Pipe()
-        log_r, log_w = self._ctx.Pipe(duplex=False)
+        if self._sandbox is None:
+            self._sandbox = sandbox.Sandbox(
+                self.mechanism, sandbox.View(readable=(str(loader_dir(self.source)),)), memory_mb=self.limits.memory_mb,
+                processes=self.limits.processes, disk_mb=self.limits.disk_mb)
+            self._sandbox.open()
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
+        log_r, log_w = os.pipe()
         self._death = None
-        self._proc = self._ctx.Process(
-            target=_worker_main, daemon=True,
-            args=(child, log_w, self.stage, self.source, self.limits, os.getpid(), self._private, self._protected))
-        self._proc.start()
-        child.close()
-        log_w.close()
-        self._conn = parent
+        config = {"stage": self.stage, "source": self.source, "limits": asdict(self.limits),
+                  "parent_pid": 0 if self.mechanism.name == "bubblewrap" else os.getpid(),
+                  "private": self._private, "protected": self._protected,
+                  "own_uid": self._sandbox.uid is not None}
+        argv = [sys.executable, "-m", "grader.worker", str(to_worker_r), str(from_worker_w), json.dumps(config)]
+        try:
+            self._proc = subprocess.Popen(
+                self._sandbox.command(argv), cwd=sandbox.ROOT if self.mechanism.name != "bubblewrap" else "/",
+                env=self._sandbox.env(), stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
+                pass_fds=(to_worker_r, from_worker_w), start_new_session=True)
+        finally:
+            for fd in (to_worker_r, from_worker_w, log_w):
+                os.close(fd)
+        self._conn = _GraderPipes(to_worker_w, from_worker_r)
         self._drain = threading.Thread(target=self._drain_output, args=(log_r, self._proc), daemon=True)
         self._drain.start()
         try:
@@ -243,17 +290,18 @@ class Runner:
                                timed_out=exc.timed_out) from None
         if kind == "import-error":
             type_name, message, tb = rest
-            self.close()
+            self._end_worker()
             raise ImportFailed(type_name, message, tb)
         self.description = rest[0]
 
-    def _drain_output(self, log_r, proc) -> None:
+    def _drain_output(self, log_r: int, proc) -> None:
         """Copy what the worker prints into the log, up to the cap; past it, stop the worker."""
         cap, total = self.limits.output_kb * 1024, 0
-        with open(self.log_path, "wb") as log:
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with open(fd, "wb") as log:
             while True:
                 try:
-                    chunk = os.read(log_r.fileno(), 1 << 16)
+                    chunk = os.read(log_r, 1 << 16)
                 except OSError:
                     break
                 if not chunk:
@@ -265,39 +313,64 @@ class Runner:
                 if total > cap:
                     self._stop(proc, f"printed more than {self.limits.output_kb} KiB, the grader's cap on output: "
                                      "print less (not inside a loop over blocks, not from inside a kernel)")
-        log_r.close()
+        os.close(log_r)
 
     def _stop(self, proc, reason: str | None = None) -> None:
         with self._lock:
             if reason and self._death is None and proc is self._proc:
                 self._death = reason
-            if proc.exitcode is None:  # not reaped yet, so its pid and process group are still its own
+            if proc.returncode is None:  # not reaped yet, so its pid and process group are still its own
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except OSError:
                     pass
-                proc.kill()
+                try:
+                    proc.kill()
+                except OSError:
+                    pass
 
-    def _watch_memory(self) -> None:
+    def _exit_code(self):
+        """The worker's exit status; bwrap reports a child killed by signal N as 128 + N."""
+        code = self._proc.returncode
+        if self.mechanism.name == "bubblewrap" and code is not None and code > 128:
+            return -(code - 128)
+        return code
+
+    _MEMORY_HINT = "is a tensor much larger than the inputs, or are tensors kept alive inside a loop?"
+
+    def _watch_limits(self) -> None:
         limit = self.limits.memory_mb
-        try:
-            with open(f"/proc/{self._proc.pid}/status") as f:
-                rss = next((int(line.split()[1]) for line in f if line.startswith("RssAnon:")), 0) // 1024
-        except (OSError, ValueError):
-            return
-        if rss > limit:
-            self._stop(self._proc, f"used more than {limit} MiB of memory, the grader's limit: is a tensor much "
-                                   "larger than the inputs, or are tensors kept alive inside a loop?")
+        if self._sandbox.usage_mb(self._proc.pid) > limit:
+            self._stop(self._proc, f"used more than {limit} MiB of memory (shared memory included), the grader's "
+                                   f"limit: {self._MEMORY_HINT}")
+        elif self._sandbox.disk_mb_used() > self.limits.disk_mb:
+            self._stop(self._proc, f"wrote more than {self.limits.disk_mb} MiB of files, the grader's limit")
 
-    def close(self) -> None:
+    def _end_worker(self) -> None:
+        """Stop the worker and everything it started; the sandbox stays for the next one."""
         if self._proc is not None:
             self._stop(self._proc)
-            self._proc.join(5)
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._sandbox is not None:
+            self._sandbox.kill_all()
         if self._conn is not None:
             self._conn.close()
         if self._drain is not None:
             self._drain.join(2)  # the log is complete once the worker's end of the pipe is closed
         self._proc = self._conn = self._drain = None
+
+    def close(self) -> None:
+        self._end_worker()
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
 
     def __enter__(self):
         return self
@@ -323,7 +396,7 @@ class Runner:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                self.close()
+                self._end_worker()
                 raise WorkerDied(f"timed out after {timeout:.0f} s during {phase}: an infinite loop, "
                                  "a kernel that never finishes, or sizes too large", timed_out=True)
             try:
@@ -336,7 +409,7 @@ class Runner:
                 except EOFError:
                     pass
                 except OSError:
-                    self.close()
+                    self._end_worker()
                     raise WorkerDied(f"returned more than {largest >> 20} MiB: the result should be the "
                                      "size of the outputs") from None
                 else:
@@ -345,10 +418,10 @@ class Runner:
                     except Exception as exc:  # noqa: BLE001 - whatever the worker sent, it is refused
                         raise Misbehaved("returned something the grader does not accept (only tensors, numbers, "
                                          f"strings and lists, tuples or dicts of them): {str(exc)[:300]}") from None
-            self._watch_memory()
-            if not self._proc.is_alive():
-                reason = self._death or _describe_exit(self._proc.exitcode)
-                self.close()
+            self._watch_limits()
+            if self._proc.poll() is not None:
+                reason = self._death or _describe_exit(self._exit_code(), self._sandbox.out_of_memory())
+                self._end_worker()
                 raise WorkerDied(reason)
 
     # -- calls ----------------------------------------------------------------------------
@@ -359,11 +432,12 @@ class Runner:
         try:
             self._conn.send_bytes(pickle.dumps(("call", fn_name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, OSError):
-            code = self._proc.exitcode if self._proc else None
-            self.close()
+            code = self._exit_code() if self._proc and self._proc.poll() is not None else None
+            self._end_worker()
             raise WorkerDied(_describe_exit(code))
         kind, *rest = self._receive(timeout)
         if kind == "ok":
+            self.last_call = (fn_name, describe_value(rest[0]))
             return rest[0]
         if kind == "misbehaved":
             raise Misbehaved(rest[0])
@@ -371,7 +445,28 @@ class Runner:
         raise LearnerError(type_name, message, tb)
 
 
-def _describe_exit(code) -> str:
+def describe_value(value, depth: int = 0) -> str:
+    """What a learner function returned, in a few words: "a tuple of 3 (tensor (2, 4, 8) float32, ...)"."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return f"tensor {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe_value(v, depth + 1) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"a {type(value).__name__} of {len(value)}" + (f" ({inner})" if depth < 1 else "")
+    if value is None:
+        return "None"
+    return f"a {type(value).__name__}"
+
+
+def loader_dir(source: str) -> Path:
+    from kernels import loader
+    return loader.source_dir(source)
+
+
+def _describe_exit(code, out_of_memory: bool = False) -> str:
+    if out_of_memory:
+        return ("the worker was stopped for using more memory than the grader's limit (shared memory included): "
+                + Runner._MEMORY_HINT)
     if code is None:
         return "the worker process stopped answering"
     if code < 0:
@@ -387,3 +482,38 @@ def _describe_exit(code) -> str:
     if code == 3:
         return "the worker hit a CUDA error (an illegal memory access?) and was restarted"
     return f"the worker exited with status {code} (sys.exit or os._exit in stage code?)"
+
+
+class _GraderPipes:
+    """The grader's end of a worker's two pipes, with the poll/send/receive of a Connection."""
+
+    def __init__(self, fd_out: int, fd_in: int):
+        self._out, self._in = Connection(fd_out, readable=False), Connection(fd_in, writable=False)
+
+    def send_bytes(self, data: bytes) -> None:
+        self._out.send_bytes(data)
+
+    def poll(self, timeout: float) -> bool:
+        return self._in.poll(timeout)
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        return self._in.recv_bytes(maxlength)
+
+    def close(self) -> None:
+        for conn in (self._out, self._in):
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+
+def _child_main(argv: list[str]) -> None:
+    """``python -m grader.worker FD_IN FD_OUT CONFIG``: the worker, as the sandbox starts it."""
+    fd_in, fd_out, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
+    limits = Limits(**config["limits"])
+    _worker_main(_Pipes(fd_in, fd_out), config["stage"], config["source"], limits, config["parent_pid"],
+                 tuple(config["private"]), tuple(config["protected"]), own_uid=config["own_uid"])
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])

@@ -57,7 +57,7 @@ def _batch(subs, out, *extra, **popen):
 def _gradebook(out):
     with open(out / "gradebook.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert rows and list(rows[0]) == ["learner", "stage", "score", "max_score", "status", "seconds"]
+    assert rows and list(rows[0]) == ["learner", "stage", "score", "max_score", "status", "seconds", "isolation"]
     return {r["learner"]: r for r in rows}
 
 
@@ -68,12 +68,12 @@ def test_a_class_is_graded_whole_resumed_and_regraded(tmp_path):
     # 1. Interrupted once the first grading is in: the gradebook holds exactly what finished.
     proc = _batch(subs, out, "--jobs", "1")
     deadline = time.monotonic() + 120
-    while not list(out.glob("*/stage1.json")) and time.monotonic() < deadline and proc.poll() is None:
+    while not list(out.glob("learners/*/stage1.json")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    done = {p.parent.name for p in out.glob("*/stage1.json")}
+    done = {p.parent.name for p in out.glob("learners/*/stage1.json")}
     assert done and set(_gradebook(out)) == done
     assert not list(out.rglob("*.tmp")), "a temporary file was left behind"
 
@@ -95,17 +95,17 @@ def test_a_class_is_graded_whole_resumed_and_regraded(tmp_path):
 
     # Each learner's results.json is Gradescope's format, hidden checks folded into one line.
     for name in book:
-        results = json.loads((out / name / "results.json").read_text())
+        results = json.loads((out / "learners" / name / "results.json").read_text())
         assert results["score"] == int(book[name]["score"]) == sum(t["score"] for t in results["tests"])
         assert isinstance(results["execution_time"], int)
         assert all({"name", "score", "max_score", "output"} <= set(t) for t in results["tests"])
         text = json.dumps(results)
         assert not any(h in text for h in HIDDEN), f"{name}'s results.json names a hidden check"
-    fa = json.loads((out / "fa" / "results.json").read_text())["tests"]
+    fa = json.loads((out / "learners" / "fa" / "results.json").read_text())["tests"]
     assert any("segmentation fault" in t["output"] and t["status"] == "failed" for t in fa)
-    gu = json.loads((out / "gu" / "stage1.json").read_text())["result"]["results"][0]["message"]
+    gu = json.loads((out / "learners" / "gu" / "stage1.json").read_text())["result"]["results"][0]["message"]
     assert "another submission" in gu
-    ada = json.loads((out / "ada" / "stage1.json").read_text())["result"]["results"]
+    ada = json.loads((out / "learners" / "ada" / "stage1.json").read_text())["result"]["results"]
     assert HIDDEN <= {r["name"] for r in ada}, "the instructor's record names every check"
 
     # 3. Run again: nothing to grade.

@@ -1,0 +1,572 @@
+"""The operating system's boundary around learner code.
+
+The grader's worker (grader/worker.py) runs learner code in a process of its own.  This module
+decides what that process is allowed to see and do, with the strongest mechanism the machine
+has, and says which one it used:
+
+    bubblewrap  ``bwrap`` (Debian's ``bubblewrap`` package) starts the worker in new mount, PID,
+                network, IPC and UTS namespaces.  Its file system holds only what learner code
+                needs, read-only: the system's programs and libraries, the Python installation,
+                the workbook's ``kernels/`` without the reference, the four grader modules the
+                worker runs, and the submission's own files.  ``/tmp`` and ``/dev/shm`` are
+                private, size-capped and vanish with it.  There is no network but its own
+                loopback, and no other process is visible.  Run by root, it also drops to a
+                dedicated unprivileged uid with no capabilities (``setpriv``).
+    user        root without namespaces (a Docker container such as Gradescope's): the worker
+                runs as a dedicated unprivileged uid (``setpriv``), in a scratch folder of its own.
+                The answer keys, the records and the grader's temporary files are made unreadable
+                to it by their permissions.  The network is NOT cut.
+    none        neither is possible (no bwrap, not root): the worker runs as you, behind the
+                Python guard only.  Fine for grading your own work; never for someone else's.
+
+Both real mechanisms add limits: processes, open files and the size of any file written (rlimits
+set before learner code runs), memory of every kind in a cgroup where one can be made (shared
+memory and tmpfs pages included) and, everywhere, the grader's own polling of the anonymous and
+shared memory of every process of the worker.  When a worker ends, every process it left is
+killed: the PID namespace goes with it, and a dedicated uid's processes are killed by uid.
+
+``WORKBOOK_ISOLATION`` (or ``--isolation``) asks for one: ``auto`` (the default: the strongest
+that works here), ``bubblewrap``, ``user`` or ``none``.  Asking for one that does not work here
+is an error, never a silent downgrade.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from kernels.loader import ROOT
+
+ENV = "WORKBOOK_ISOLATION"
+CHECKED_ENV = "WORKBOOK_ISOLATION_CHECKED"   # set by a batch for its gradings: the probe already ran
+MECHANISMS = ("bubblewrap", "user", "none")
+UID_BASE = 1_990_000_000          # dedicated uids: far above any real account
+UID_SLOTS = 512
+# The workbook files a worker may read: kernels/ without the reference, and what the worker runs.
+WORKER_MODULES = ("__init__.py", "worker.py", "guard.py", "limits.py", "sandbox.py")
+ANSWER_KEYS = ("solutions", "tests", "grader/checks", "kernels/reference.py")
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+
+
+class IsolationError(RuntimeError):
+    """The isolation asked for cannot be had on this machine; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    name: str
+    reason: str = ""          # why it was chosen, or why stronger ones were not
+
+    @property
+    def dedicated_uid(self) -> bool:
+        return self.name == "user" or (self.name == "bubblewrap" and os.geteuid() == 0)
+
+    def describe(self) -> str:
+        what = {"bubblewrap": "bubblewrap sandbox (own file view, no network, own processes"
+                              + (", unprivileged uid)" if self.dedicated_uid else ")"),
+                "user": "a dedicated unprivileged user (setpriv; the network is not cut)",
+                "none": "none: learner code runs as you, behind the Python guard only"}[self.name]
+        return what + (f" [{self.reason}]" if self.reason else "")
+
+
+def requested() -> str:
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in ("auto",) + MECHANISMS:
+        raise IsolationError(f"{ENV}={value!r}: expected auto, {', '.join(MECHANISMS)}")
+    return value
+
+
+@lru_cache(maxsize=None)
+def probe(name: str) -> str | None:
+    """None when ``name`` works here; otherwise why not (one line)."""
+    if name == "none":
+        return None
+    if sys.platform != "linux":
+        return f"needs Linux (this is {sys.platform})"
+    if name == "user" and os.geteuid() != 0:
+        return "needs root, to start the worker as another user"
+    if shutil.which("setpriv") is None and (name == "user" or os.geteuid() == 0):
+        return "setpriv (util-linux) is not installed"
+    if name == "bubblewrap" and shutil.which("bwrap") is None:
+        return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    uid = UID_BASE + UID_SLOTS  # a probe uid outside the slots workers use
+    view = View(readable=())
+    import os as stdlib_os  # the probe's Python must find the same standard library as the grader's
+    cmd = Sandbox(Mechanism(name), view, uid=uid).command(
+        [sys.executable, "-c", "import os, torch, kernels.runtime; print(os.__file__)"])
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=120, cwd="/",
+                              env=_worker_env(home="/tmp", uid=uid))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not start a probe: {exc}"
+    if done.returncode != 0:
+        err = done.stderr.decode(errors="replace").strip().splitlines()
+        return f"a probe failed: {err[-1] if err else f'exit status {done.returncode}'}"
+    if done.stdout.decode().strip() != stdlib_os.__file__:
+        return (f"the Python installation ({sys.base_prefix}) is not readable by an unprivileged user: make the "
+                "venv from a Python other users can read (e.g. /usr/bin/python3)")
+    return None
+
+
+@lru_cache(maxsize=None)
+def choose(name: str | None = None) -> Mechanism:
+    """The mechanism to grade with: ``name``, or $WORKBOOK_ISOLATION, or the strongest that works."""
+    name = name or requested()
+    if name != "auto" and os.environ.get(CHECKED_ENV) == name:
+        return Mechanism(name)
+    if name != "auto":
+        why = probe(name)
+        if why:
+            raise IsolationError(f"isolation {name!r} is not available here: {why}")
+        return Mechanism(name)
+    missing = []
+    for candidate in MECHANISMS:
+        why = probe(candidate)
+        if why is None:
+            return Mechanism(candidate, "; ".join(missing))
+        missing.append(f"{candidate}: {why}")
+    raise AssertionError("'none' always works")
+
+
+def add_isolation_option(parser) -> None:
+    parser.add_argument("--isolation", choices=("auto",) + MECHANISMS,
+                        help=f"how learner code is kept apart (default: ${ENV}, else auto: the strongest here)")
+
+
+def use_isolation_option(args) -> None:
+    if getattr(args, "isolation", None):
+        os.environ[ENV] = args.isolation
+        choose.cache_clear()
+
+
+# -- what the worker may read ---------------------------------------------------------------------
+@dataclass
+class View:
+    """The folders and files a worker may read, besides the system and the Python installation."""
+    readable: tuple = ()                           # e.g. the submission's snapshot
+    gpu: bool = field(default_factory=lambda: bool(glob.glob("/dev/nvidia*")))
+
+    def python_roots(self) -> list[str]:
+        roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+        exe = os.path.realpath(sys.executable)
+        roots.add(os.path.dirname(os.path.dirname(exe)))
+        return sorted(r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots))
+
+    def workbook_files(self) -> list[Path]:
+        files = [p for p in sorted((ROOT / "kernels").glob("*.py")) if p.name != "reference.py"]
+        return files + [ROOT / "grader" / name for name in WORKER_MODULES]
+
+
+def _bind_args(view: View, *, tmp_mb: int, shm_mb: int) -> list[str]:
+    args: list[str] = []
+    for path in _SYSTEM:
+        if os.path.islink(path):        # merged /usr: /bin -> usr/bin
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
+             "--perms", "1777", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm"]
+    # A venv inside the workbook is bound whole; of the rest of the workbook, only the files listed.
+    binds = [*view.python_roots(), *map(str, view.workbook_files()), *map(str, view.readable)]
+    made: set[str] = set()
+    for path in binds:                  # folders on the way, readable (bwrap would make them 0700)
+        for parent in reversed(Path(path).parents[:-1]):
+            p = str(parent)
+            if p not in made and not any(p == s or p.startswith(s + "/") for s in _SYSTEM):
+                args += ["--perms", "0755", "--dir", p]
+                made.add(p)
+    for path in binds:
+        args += ["--ro-bind", path, path]
+    if view.gpu:
+        for dev in sorted(glob.glob("/dev/nvidia*")):
+            args += ["--dev-bind", dev, dev]
+        args += ["--ro-bind", "/sys", "/sys"]
+    return args
+
+
+def _worker_env(*, home: str | None, uid: int | None) -> dict[str, str]:
+    """A clean environment: nothing of the grader's own (tokens, paths to records) reaches the worker.
+
+    With no home of its own (no isolation: your own machine) the worker keeps your environment,
+    and with it your compile caches."""
+    if home is None:
+        return dict(os.environ, PYTHONUNBUFFERED="1")
+    keep = ("PATH", "LANG", "LC_ALL", "TERM", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
+            "CUDA_HOME", "CUDA_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "WORKBOOK_SEED", "TORCH_CUDA_ARCH_LIST",
+            "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "WORKBOOK_PRIVATE", "WORKBOOK_PROTECT")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    env.update(HOME=home, TMPDIR=home, USER="learner",
+               LOGNAME="learner", PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1",
+               TRITON_CACHE_DIR=f"{home}/.triton", XDG_CACHE_HOME=f"{home}/.cache")
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return env
+
+
+# -- one worker's sandbox -------------------------------------------------------------------------
+class Sandbox:
+    """Everything one worker process runs inside: command line, environment, uid, cgroup, scratch."""
+
+    def __init__(self, mechanism: Mechanism, view: View, *, memory_mb: int = 8192, processes: int = 256,
+                 disk_mb: int = 2048, uid: int | None = None):
+        self.mechanism, self.view = mechanism, view
+        self.memory_mb, self.processes, self.disk_mb = memory_mb, processes, disk_mb
+        self._uid_lock = None
+        self.uid = uid
+        if self.uid is None and mechanism.dedicated_uid:
+            self.uid, self._uid_lock = _claim_uid()
+        self.cgroup = None
+        self.scratch: str | None = None
+
+    def home(self) -> str | None:
+        """The worker's home and temporary folder: a tmpfs inside bubblewrap, a scratch folder of
+        its own for a dedicated uid, and yours (None) without isolation."""
+        if self.mechanism.name == "bubblewrap":
+            return "/tmp"
+        return self.scratch
+
+    def open(self) -> None:
+        if self.mechanism.name != "bubblewrap" and self.uid is not None:
+            parent = private_dir()
+            self.scratch = tempfile.mkdtemp(prefix=f"{os.getpid()}-scratch-", dir=parent)
+            os.chown(self.scratch, self.uid, self.uid)
+            os.chmod(self.scratch, 0o700)
+        self.cgroup = CGroup.make(self.memory_mb, self.processes)
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` wrapped so that it runs inside this sandbox."""
+        cmd: list[str] = []
+        if self.cgroup is not None:
+            cmd += ["/bin/sh", "-c", 'for f do [ "$f" = -- ] && break; echo $$ > "$f" || exit 97; done; '
+                    'while [ "$1" != -- ]; do shift; done; shift; exec "$@"', "enter-cgroup",
+                    *self.cgroup.procs_files(), "--"]
+        if self.mechanism.name == "bubblewrap":
+            # Not root: a user namespace lets bwrap make the others; the worker stays your uid.
+            users = ["--unshare-user"] if os.geteuid() != 0 else []
+            cmd += ["bwrap", "--die-with-parent", "--new-session", *users, "--unshare-pid", "--unshare-net",
+                    "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "workbook",
+                    *_bind_args(self.view, tmp_mb=self.disk_mb, shm_mb=self.memory_mb),
+                    "--chdir", str(ROOT), "--"]
+        if self.uid is not None:
+            cmd += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
+                    "--inh-caps=-all", "--bounding-set=-all", "--"]
+        return cmd + list(argv)
+
+    def env(self) -> dict[str, str]:
+        return _worker_env(home=self.home(), uid=self.uid)
+
+    def usage_mb(self, pid: int) -> int:
+        """Memory of every kind the worker holds now: its processes' anonymous and shared pages, the
+        cgroup's count where there is one, and (for a dedicated uid) its files in /dev/shm."""
+        total = sum(_rss_kb(p) for p in _descendants(pid)) // 1024
+        if self.cgroup is not None:
+            total = max(total, self.cgroup.usage_mb())
+        if self.uid is not None and self.mechanism.name == "user":
+            total += _files_mb("/dev/shm", self.uid)
+        return total
+
+    def disk_mb_used(self) -> int:
+        return _files_mb(self.scratch, self.uid) if self.scratch and self.uid is not None else 0
+
+    def out_of_memory(self) -> bool:
+        return self.cgroup is not None and self.cgroup.ran_out()
+
+    def kill_all(self) -> None:
+        """Kill every process the worker left, however it was started."""
+        if self.uid is not None:
+            for _ in range(3):  # kill(-1) as the uid: every process of that uid, in one call
+                subprocess.run(["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+                                "kill", "-KILL", "-1"], capture_output=True, timeout=30)
+                if not _processes_of(self.uid):
+                    break
+                time.sleep(0.05)
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+    def close(self) -> None:
+        self.kill_all()
+        if self.uid is not None and self.mechanism.name == "user":
+            for path in _owned_files("/dev/shm", self.uid) + _owned_files(tempfile.gettempdir(), self.uid, depth=1):
+                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _unlink(path)
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
+        if self._uid_lock is not None:
+            os.close(self._uid_lock)
+            self._uid_lock = None
+
+
+def _claim_uid() -> tuple[int, int]:
+    """A dedicated uid no other worker on this machine holds, and the lock that holds it."""
+    locks = Path(tempfile.gettempdir()) / f"workbook-uids-{os.geteuid()}"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    if locks.is_symlink() or locks.stat().st_uid != os.geteuid():
+        raise IsolationError(f"{locks} is not the grader's own folder")
+    os.chmod(locks, 0o700)
+    for slot in range(UID_SLOTS):
+        fd = os.open(locks / str(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        uid = UID_BASE + slot
+        if _processes_of(uid):  # a grader that was killed left them: they go first
+            subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "kill", "-KILL", "-1"],
+                           capture_output=True, timeout=30)
+        return uid, fd
+    raise IsolationError(f"all {UID_SLOTS} worker uids are in use")
+
+
+def private_dir() -> Path:
+    """The grader's own temporary folder: traversable (0711) but not listable by workers.
+
+    Snapshots of submissions go in it under unguessable names; a worker is shown its own (by a
+    bind mount, or by the name it is given), never another's.
+    """
+    path = Path(tempfile.gettempdir()) / f"workbook-grader-{os.geteuid()}"
+    try:
+        path.mkdir(mode=0o711)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if path.is_symlink() or st.st_uid != os.geteuid():
+        raise IsolationError(f"{path} is not the grader's own folder (owner {st.st_uid}): remove it")
+    os.chmod(path, 0o711)
+    _sweep(path)
+    return path
+
+
+def _sweep(folder: Path) -> None:
+    """Remove what graders that were killed left behind (every name starts with its grader's pid)."""
+    for entry in os.listdir(folder):
+        pid = entry.split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        target = folder / entry
+        shutil.rmtree(target, ignore_errors=True) if target.is_dir() and not target.is_symlink() else _unlink(target)
+
+
+def protect_answer_keys(extra=()) -> list[str]:
+    """For the ``user`` mechanism: make the answer keys (and ``extra`` folders, e.g. a batch's
+    submissions and records) unreadable to other users.  Returns what was changed."""
+    changed = []
+    paths = [ROOT / p for p in ANSWER_KEYS] + list(glob.glob(str(ROOT / "kernels" / "__pycache__" / "reference.*")))
+    for path in [*paths, *map(Path, extra)]:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_mode & 0o077:
+            os.chmod(path, st.st_mode & ~0o077 & 0o7777)
+            changed.append(str(path))
+    return changed
+
+
+# -- cgroups: memory of every kind, and processes ------------------------------------------------
+class CGroup:
+    """A cgroup (v1 or v2) for one worker, where this process may make one; None where it may not."""
+
+    def __init__(self, dirs: dict[str, Path], version: int):
+        self.dirs, self.version = dirs, version
+
+    @classmethod
+    def make(cls, memory_mb: int, processes: int) -> "CGroup | None":
+        if os.environ.get("WORKBOOK_NO_CGROUP") or not os.path.isdir("/sys/fs/cgroup"):
+            return None
+        name = f"workbook-{os.getpid()}-{time.monotonic_ns()}"
+        limit = str(memory_mb << 20)
+        made: dict[str, Path] = {}
+        try:
+            if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):   # v2, unified
+                here = _own_cgroup("")
+                d = Path("/sys/fs/cgroup") / here.lstrip("/") / name
+                d.mkdir()
+                made["unified"] = d
+                (d / "memory.max").write_text(limit)
+                if (d / "memory.swap.max").exists():
+                    (d / "memory.swap.max").write_text("0")
+                (d / "pids.max").write_text(str(processes))
+                return cls(made, 2)
+            for ctl in ("memory", "pids"):
+                d = Path("/sys/fs/cgroup") / ctl / _own_cgroup(ctl).lstrip("/") / name
+                d.mkdir()
+                made[ctl] = d
+            mem = made["memory"]
+            (mem / "memory.limit_in_bytes").write_text(limit)
+            if (mem / "memory.memsw.limit_in_bytes").exists():
+                (mem / "memory.memsw.limit_in_bytes").write_text(limit)
+            (made["pids"] / "pids.max").write_text(str(processes))
+            return cls(made, 1)
+        except OSError:
+            for d in made.values():
+                _rmdir(d)
+            return None
+
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs.values()]
+
+    def _memory_dir(self) -> Path:
+        return self.dirs["unified" if self.version == 2 else "memory"]
+
+    def usage_mb(self) -> int:
+        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
+        try:
+            return int((self._memory_dir() / name).read_text()) >> 20
+        except (OSError, ValueError):
+            return 0
+
+    def ran_out(self) -> bool:
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            text = (self._memory_dir() / name).read_text()
+        except OSError:
+            return False
+        counts = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+        return int(counts.get("oom_kill", 0) or 0) > 0 or (self.version == 2 and int(counts.get("max", 0) or 0) > 0
+                                                          and int(counts.get("oom", 0) or 0) > 0)
+
+    def pids(self) -> list[int]:
+        found = set()
+        for d in self.dirs.values():
+            try:
+                found.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                pass
+        return sorted(found)
+
+    def kill(self) -> None:
+        for _ in range(20):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    def remove(self) -> None:
+        self.kill()
+        for d in self.dirs.values():
+            for _ in range(50):
+                if _rmdir(d):
+                    break
+                time.sleep(0.05)
+
+
+def _own_cgroup(controller: str) -> str:
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctls, path = line.rstrip("\n").split(":", 2)
+            if (controller == "" and ctls == "") or controller in ctls.split(","):
+                return path
+    raise OSError(f"no {controller or 'unified'} cgroup")
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+# -- processes and files, from /proc and the file system -----------------------------------------
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def _rss_kb(pid: int) -> int:
+    """A process's anonymous and shared resident memory (a shared mapping counts too), in KiB."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return sum(int(line.split()[1]) for line in f if line.startswith(("RssAnon:", "RssShmem:")))
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _processes_of(uid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _owned_files(top: str | None, uid: int, depth: int | None = None) -> list[str]:
+    if not top or not os.path.isdir(top):
+        return []
+    found = []
+    base = top.rstrip(os.sep).count(os.sep)
+    for folder, dirs, files in os.walk(top):
+        if depth is not None and folder.count(os.sep) - base >= depth:
+            dirs[:] = []
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            try:
+                if os.lstat(path).st_uid == uid:
+                    found.append(path)
+            except OSError:
+                pass
+    return found
+
+
+def _files_mb(top: str | None, uid: int | None) -> int:
+    total = 0
+    for path in _owned_files(top, uid) if uid is not None else []:
+        try:
+            st = os.lstat(path)
+            total += st.st_blocks * 512
+        except OSError:
+            pass
+    return total >> 20
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
