@@ -105,7 +105,7 @@ def probe(name: str) -> str | None:
     cmd = Sandbox(Mechanism(name), view, uid=uid).command(
         [sys.executable, "-c", "import os, torch, kernels.runtime; print(os.__file__)"])
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=120, cwd="/",
+        done = subprocess.run(cmd, capture_output=True, timeout=120, cwd=ROOT,
                               env=_worker_env(home="/tmp", uid=uid))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"could not start a probe: {exc}"

@@ -3,7 +3,9 @@
 # It installs Python, the CPU build of torch, and what the grader needs, in /autograder/venv.
 set -euo pipefail
 apt-get update -q
-apt-get install -y -q python3 python3-venv python3-pip
+# bubblewrap sandboxes learner code where the container allows namespaces (grader/sandbox.py);
+# util-linux's setpriv (in the base image) runs it as a dedicated user where it does not.
+apt-get install -y -q python3 python3-venv python3-pip bubblewrap
 python3 -m venv /autograder/venv
 /autograder/venv/bin/pip install -q --index-url https://download.pytorch.org/whl/cpu torch
 /autograder/venv/bin/pip install -q "triton>=3.2" "numpy>=1.24" "matplotlib>=3.7"
