@@ -76,7 +76,11 @@ def gradescope(graded: list[tuple[Stage, StageResult]]) -> dict:
     seeds = sorted({r.seed for _, r in graded})
     lines.append(f"Inputs seed {', '.join(map(str, seeds))}: WORKBOOK_SEED=<seed> repeats them. "
                  f"Graded on {graded[0][1].device if graded else 'this machine'}.")
+    isolation = sorted({r.isolation for _, r in graded if r.isolation})
+    if isolation:
+        lines.append(f"Learner code isolated by: {', '.join(isolation)}.")
     return {"score": sum(r.score for _, r in graded),
             "execution_time": round(sum(r.seconds for _, r in graded)),
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
-            "tests": tests, "extra_data": {"stages": [s.name for s, _ in graded], "seeds": seeds}}
+            "tests": tests, "extra_data": {"stages": [s.name for s, _ in graded], "seeds": seeds,
+                                            "isolation": isolation}}

@@ -1,8 +1,8 @@
 """Defences the worker puts up around learner code.
 
 Verdicts never depend on these: inputs, the float64 reference and the comparison all live in the
-grader's process, which never imports learner code.  What runs here keeps learner code away from
-the answers and from everything around it, and turns quiet misbehaviour into a message.
+grader's process, which never imports learner code.  What runs here gives learner code that reaches
+for the answers a message that says why, and turns quiet misbehaviour into a message.
 
 Before the stage file is imported (``install``):
 
@@ -15,7 +15,7 @@ Before the stage file is imported (``install``):
   - signalling the grader, forking, and opening another process's ``/proc`` entries (its memory).
 * A meta-path finder refuses modules found in those folders, so ``import solutions.x`` fails with
   a message that says why instead of a file error.
-* ``kernels.reference`` (the answer key) is swapped for functions that raise.
+* ``kernels.reference`` (the answer key) is replaced by a stand-in whose every name raises.
 
 Around every call (``poisoned_allocations``, ``snapshot_inputs``):
 
@@ -30,9 +30,11 @@ GPU it lands silently in another tensor of the caching allocator, or outside eve
 which is an illegal memory access: a CUDA error, and the check fails "crash". ``python -m grader
 stageN --sanitize`` runs compute-sanitizer, which sees every such access, on a GPU.
 
-Code that makes raw system calls (ctypes, a compiled extension), or opens files relative to a
-directory descriptor (``dir_fd=``), gets past the audit hook.  It still cannot change a verdict;
-grade a class you do not trust in a container (Gradescope runs each submission in its own).
+None of this is the isolation boundary: code that makes raw system calls (ctypes, a compiled
+extension) or opens files relative to a directory descriptor (``dir_fd=``) gets past an audit
+hook.  The boundary is the operating system's: grader/sandbox.py starts the worker where the
+answer keys are not there to read.  What stays here are early, friendly messages, and the checks
+on inputs and outputs above.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ is an error, never a silent downgrade.
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import os
 import shutil
@@ -311,6 +310,7 @@ class Sandbox:
 
 def _claim_uid() -> tuple[int, int]:
     """A dedicated uid no other worker on this machine holds, and the lock that holds it."""
+    import fcntl
     locks = Path(tempfile.gettempdir()) / f"workbook-uids-{os.geteuid()}"
     locks.mkdir(mode=0o700, exist_ok=True)
     if locks.is_symlink() or locks.stat().st_uid != os.geteuid():
@@ -498,7 +498,11 @@ def _rmdir(path: Path) -> bool:
 # -- processes and files, from /proc and the file system -----------------------------------------
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:        # no /proc (macOS): the worker alone
+        return [pid]
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:
@@ -526,7 +530,7 @@ def _rss_kb(pid: int) -> int:
 
 def _processes_of(uid: int) -> list[int]:
     found = []
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if entry.isdigit():
             try:
                 if os.stat(f"/proc/{entry}").st_uid == uid:

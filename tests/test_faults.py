@@ -106,6 +106,10 @@ FAULTS = [
                                                             "    def __eq__(self, other):\n        return True\n"),
                                         (RETURN, "    return o.as_subclass(Agreeable), lse\n")],
           ATTENTION, "FAIL", ("does not accept",)),
+    # What came back is not (o, lse): that check fails and says what it got; the others still score.
+    Fault("returns_none", at(RETURN, "    return None\n"), ATTENTION, "FAIL", ("flash_attention returned None",)),
+    Fault("returns_three", at(RETURN, "    return o, lse, o\n"), ATTENTION, "FAIL",
+          ("flash_attention returned a tuple of 3 (tensor",)),
 ]
 
 
@@ -158,3 +162,11 @@ def test_sanitize_runs_the_grading_under_memcheck(tmp_path):
         run = subprocess.run([sys.executable, "-m", "grader", "stage1", "--sanitize"], cwd=ROOT, capture_output=True,
                              text=True)
         assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def test_a_result_of_the_wrong_shape_fails_only_its_own_check(tmp_path):
+    fault = next(f for f in FAULTS if f.name == "returns_none")
+    folder = mutants.build(STAGE1, mutants.Mutant(fault.name, fault.name, edits=fault.edits), tmp_path / "sub")
+    result = grade_stage(STAGE1, str(folder), only=[SOFTMAX, ATTENTION], limits=LIMITS)
+    status = {r.name: r.status for r in result.results}
+    assert status == {SOFTMAX: "pass", ATTENTION: "FAIL"}, result.results

@@ -17,6 +17,7 @@ Mechanisms that do not work here are skipped with the reason.  ``user`` leaves t
 
 from __future__ import annotations
 
+import base64
 import csv
 import hashlib
 import json
@@ -25,6 +26,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -133,6 +135,19 @@ import kernels.reference as r
 REF = importlib.reload(r)
 REF.softmax
 """, ""),
+    # The grader's environment holds the solution (as an instructor's secret might): read it from /proc.
+    "proc_environ": ("""
+import base64
+for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
+    for part in ('environ', 'cmdline'):
+        try:
+            data = open(f'/proc/{pid}/{part}', 'rb').read()
+        except OSError:
+            continue
+        for item in data.split(b'\\0'):
+            if item.startswith(b'HOSTILE_SECRET='):
+                STOLEN = base64.b64decode(item.split(b'=', 1)[1]).decode()
+""", ""),
     "proc_root": ("""
 for root in glob.glob('/proc/[0-9]*/root'):
     try:
@@ -141,8 +156,11 @@ for root in glob.glob('/proc/[0-9]*/root'):
     except OSError:
         pass
 """, ""),
+    # Where the grader keeps copies of submissions, and the submissions themselves.  (Under 'user',
+    # a world-readable copy elsewhere on the machine is readable: that is the machine's business.)
     "peer_snapshots": ("""
-for path in glob.glob('/tmp/**/' + SOLUTION.name, recursive=True) + glob.glob(str(SUBS / '*' / SOLUTION.name)):
+for path in (glob.glob('/tmp/workbook-*/**/' + SOLUTION.name, recursive=True)
+             + glob.glob('/tmp/workbook-*/*/' + SOLUTION.name) + glob.glob(str(SUBS / '*' / SOLUTION.name))):
     text = open(path).read()
     if 'nothing was stolen' not in text and 'NotImplementedError' not in text:
         STOLEN = text
@@ -155,7 +173,7 @@ STOLEN = s.makefile().read()
 """, ""),
     # -- against classmates and the grader ---------------------------------------------------
     "rewrite_peers": ("""
-for path in glob.glob('/tmp/**/' + SOLUTION.name, recursive=True):
+for path in glob.glob('/tmp/workbook-*/**/' + SOLUTION.name, recursive=True):
     open(path, 'w').write('raise SystemExit(1)\\n')
 for path in glob.glob(str(SUBS / '*' / SOLUTION.name)):
     open(path, 'w').write('')
@@ -232,7 +250,7 @@ with open('/tmp/fill', 'wb') as f:
         f.write(b'x' * (1 << 20))
 """),
 }
-READS = {"guard_off", "subprocess_cat", "os_system", "posix_spawn", "dir_fd", "ctypes_open", "reference_pyc",
+READS = {"proc_environ", "guard_off", "subprocess_cat", "os_system", "posix_spawn", "dir_fd", "ctypes_open", "reference_pyc",
          "reference_reload", "proc_root", "peer_snapshots", "network", "symlink_file", "symlink_folder"}
 LIMIT_ATTACKS = {"shm_file": "memory", "shared_mmap": "memory", "fork_bomb": "processes", "disk_fill": "disk"}
 
@@ -314,16 +332,23 @@ def graded(request, tmp_path_factory):
     why = sandbox.probe(mechanism)
     if why:
         pytest.skip(f"isolation {mechanism!r} is not available here: {why}")
-    top = tmp_path_factory.mktemp(f"hostile-{mechanism}")
+    # A folder other users may enter, as a real course's would be: the grader, not the folders
+    # around it, must keep the dedicated user out of the submissions and the records.
+    top = Path(tempfile.mkdtemp(prefix=f"hostile-{mechanism}-"))
+    os.chmod(top, 0o755)
     subs, out = top / "submissions", top / "grades"
     subs.mkdir()
+    out.mkdir()
+    for name in ("gradebook.csv", "batch.json"):   # left by someone earlier: nothing may block on them
+        os.mkfifo(out / name)
     server = Server()
     server.start()
     roles = build_class(subs, out, server.port, mechanism)
     before = {p: _sha(p) for p in subs.rglob(FILE) if p.is_file() and not p.is_symlink()}
     guarded = {p: _sha(p) for p in [*ROOT.joinpath("solutions").iterdir(), *ROOT.joinpath("stages").iterdir()]
                if p.is_file()}
-    env = dict(os.environ, WORKBOOK_CHECK_TIMEOUT="40", WORKBOOK_STAGE_TIMEOUT="150", WORKBOOK_MEMORY_MB="1024",
+    secret = base64.b64encode(SOLUTION.read_bytes()).decode()
+    env = dict(os.environ, HOSTILE_SECRET=secret, WORKBOOK_CHECK_TIMEOUT="40", WORKBOOK_STAGE_TIMEOUT="150", WORKBOOK_MEMORY_MB="1024",
                WORKBOOK_PROCESSES="64", WORKBOOK_DISK_MB="256", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "grader", "batch", str(subs), "--stages", "stage1", "--out", str(out),
            "--jobs", "2", "--isolation", mechanism]
@@ -332,6 +357,7 @@ def graded(request, tmp_path_factory):
     yield dict(mechanism=mechanism, subs=subs, out=out, roles=roles, run=done, before=before, guarded=guarded,
                server=server)
     server.sock.close()
+    shutil.rmtree(top, ignore_errors=True)
     for path in (ROOT / "solutions" / "zz_fifo.py", ROOT / "stages" / "zz_fifo.py"):
         if os.path.lexists(path):
             os.unlink(path)
@@ -416,7 +442,7 @@ def test_no_victim_file_or_record_changed(graded):
 
 def test_the_network_is_cut(graded):
     if graded["mechanism"] != "bubblewrap":
-        pytest.skip("the 'user' mechanism does not cut the network (said in docs/instructor.md)")
+        pytest.skip("the 'user' mechanism does not cut the network (docs/isolation.md says so)")
     assert graded["server"].served == 0
 
 
@@ -450,3 +476,50 @@ def test_resume_regrades_what_the_grader_failed(graded):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1 to grade" in done.stderr
     assert int(_gradebook(graded)["honest_a"]["score"]) == FULL
+
+
+FORGER = """
+import json, os, sys, time
+target = os.path.join(sys.argv[1], 'results', 'results.json')
+for _ in range(300):
+    if os.path.exists(target):
+        json.dump({'score': 1000, 'tests': []}, open(target, 'w'))
+        break
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("mechanism", ["bubblewrap", "user"])
+def test_the_autograder_path_holds_too(mechanism):
+    """Gradescope's run_autograder: a submission can neither read the hidden checks nor forge results.json."""
+    why = sandbox.probe(mechanism)
+    if why:
+        pytest.skip(f"isolation {mechanism!r} is not available here: {why}")
+    from grader import bundle
+    home = Path(tempfile.mkdtemp(prefix="autograder-"))
+    try:
+        os.chmod(home, 0o755)
+        source = bundle.build(home / "source", autograder=["stage1"], log=lambda *a: None)
+        hidden = source / "grader" / "checks" / "hidden" / "stage1.py"
+        attack = f"""
+subprocess.Popen([sys.executable, '-c', {FORGER!r}, {str(home)!r}], start_new_session=True)
+os.makedirs({str(home / 'results')!r}, exist_ok=True)
+open({str(home / 'results' / 'results.json')!r}, 'w').write('{{"score": 999}}')
+STOLEN = open({str(hidden)!r}).read() and open(str(SOLUTION)).read()
+"""
+        (home / "submission").mkdir()
+        (home / "submission" / FILE).write_text(TEMPLATE.format(
+            root=str(source), subs=str(home), out=str(home / "results"), file=FILE, attack=indent(attack),
+            during=indent("")))
+        env = dict(os.environ, AUTOGRADER=str(home), PYTHON=sys.executable, WORKBOOK_ISOLATION=mechanism,
+                   WORKBOOK_STAGE_TIMEOUT="120")
+        run = subprocess.run(["bash", str(source / "run_autograder")], capture_output=True, text=True, env=env,
+                             timeout=600)
+        assert run.returncode == 0, run.stderr
+        time.sleep(12)   # the forger polls for 30 s; give it time to try
+        results = json.loads((home / "results" / "results.json").read_text())
+        assert results["score"] == 0, results
+        assert mechanism in json.dumps(results)
+        assert hidden.exists()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
