@@ -15,9 +15,19 @@ For instructors:
                                          grade a submission's stage files (DIR, or DIR/stages)
     python -m grader batch SUBMISSIONS --stages stage5,stage6 --out OUT
                                          grade a class: OUT/gradebook.csv, OUT/<learner>/results.json
-    python -m grader release --to DIR    the learner's bundle: no solutions, no hidden checks
+    python -m grader release --to DIR [--through stage3]
+                                         the learner's edition: no solutions, no hidden checks;
+                                         run again on DIR to update it without touching learners' edits
+    python -m grader publish stage2 --to DIR
+                                         add stage 2's reference solution, note and notebook to an edition
     python -m grader release --to DIR --autograder stage5,stage6
                                          a Gradescope autograder (and DIR.zip)
+
+In a learner's edition:
+
+    python -m grader stage3 --compare    grade, then your code beside the published reference, hole by hole
+    python -m grader update --from DIR   take a newer edition in; your edited files stay, new versions
+                                         go beside them as <name>.new
     python -m grader stage3 --sanitize --only CHECK
                                          run a check under compute-sanitizer (needs a GPU)
 """
@@ -37,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "batch":
         from grader import batch
         return batch.main(argv[1:])
+    if argv and argv[0] == "publish":
+        return _publish(argv[1:])
+    if argv and argv[0] == "update":
+        return _update(argv[1:])
     if argv and argv[0] == "bench":
         from grader import bench
         return bench.main(argv[1:])
@@ -55,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                              "results.json for Gradescope, hidden checks folded into one line")
     parser.add_argument("--out", metavar="FILE", help="with --format json or gradescope: write there, whole")
     parser.add_argument("--sanitize", action="store_true", help="run under compute-sanitizer memcheck (GPU)")
+    parser.add_argument("--compare", action="store_true",
+                        help="after grading, show your code beside the published reference, hole by hole")
     add_isolation_option(parser)
     add_limit_options(parser)
     args = parser.parse_args(argv)
@@ -95,11 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         result = grade_stage(stage, source, only=args.only, limits=limits)
         if table:
             print_result(stage, result)
+        if args.compare:
+            from grader.compare import compare
+            from kernels.loader import source_dir
+            print("\n" + compare(stage, result, source_dir(source)), flush=True)
         graded.append((stage, result))
     ok = all(result.ok for _, result in graded)
     if not table:
         from grader import formats
-        data = formats.gradescope(graded) if args.format == "gradescope" else formats.detail(graded)
+        from grader import edition
+        notes = [f"Graded by {edition.describe()}."] + edition.version_notes(args.submission)
+        data = formats.gradescope(graded, notes) if args.format == "gradescope" else formats.detail(graded)
         text = json.dumps(data, indent=1) + "\n"
         if args.out:
             formats.write_atomic(args.out, text)
@@ -122,10 +144,12 @@ def _release(argv: list[str]) -> int:
                                                     "notebooks, kernels, grader and tests; no solutions, no hidden checks")
     parser.add_argument("--autograder", metavar="STAGES", help="with --to: a Gradescope autograder for these "
                                                                "stages (stage5,stage6), hidden checks kept, and DIR.zip")
+    parser.add_argument("--through", metavar="STAGE", help="with --to: ship stages 1..STAGE only (stage N+1's file "
+                                                           "holds stage N's answers as given code)")
     args = parser.parse_args(argv)
     from grader import release
-    if args.autograder and not args.to:
-        parser.error("--autograder goes with --to DIR")
+    if (args.autograder or args.through) and not args.to:
+        parser.error("--autograder and --through go with --to DIR")
     if not (release.ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/ (it is a learner's copy): its stages/ came with it, "
               "and there is nothing to release")
@@ -133,7 +157,8 @@ def _release(argv: list[str]) -> int:
     if args.to:
         from grader import bundle
         try:
-            bundle.build(args.to, autograder=args.autograder.split(",") if args.autograder else None)
+            bundle.build(args.to, autograder=args.autograder.split(",") if args.autograder else None,
+                         through=args.through)
         except (bundle.BundleError, ValueError) as exc:
             print(exc, file=sys.stderr)
             return 1
@@ -148,6 +173,48 @@ def _release(argv: list[str]) -> int:
         return 0
     kept = release.release(force=args.force)
     return 1 if kept else 0
+
+
+def _publish(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader publish",
+                                     description="Add reference solutions, their notes and notebooks to a learner's "
+                                                 "edition, stage by stage.")
+    parser.add_argument("stages", help="the stages to publish: stage2 or stage2,stage3")
+    parser.add_argument("--to", metavar="DIR", required=True, help="the learner's edition (made by release --to)")
+    args = parser.parse_args(argv)
+    from grader import publish
+    try:
+        publish.publish(args.to, args.stages.split(","))
+    except (publish.PublishError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _update(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader update",
+                                     description="Bring a newer edition into this copy: files you did not change are "
+                                                 "replaced, files you changed stay and the new version goes beside "
+                                                 "them as <name>.new.")
+    parser.add_argument("--from", dest="source", metavar="DIR", required=True, help="the newer edition's folder")
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from grader import edition
+    from kernels.loader import ROOT
+    new = edition.read(Path(args.source))
+    if new is None:
+        print(f"{args.source} holds no edition ({edition.MANIFEST})", file=sys.stderr)
+        return 2
+    mine = edition.read(ROOT)
+    if mine is None:
+        print("this copy is not a learner's edition (no edition.json): nothing to update", file=sys.stderr)
+        return 2
+    wanted = {rel: data for rel, data in edition.on_disk(Path(args.source), new).items()
+              if rel in new["files"]}
+    changes = edition.write(ROOT, wanted, {k: v for k, v in new.items() if k != "files"})
+    print(f"edition {mine['version']} -> {new['version']}: {len(changes)} change(s)")
+    return 0
 
 
 if __name__ == "__main__":

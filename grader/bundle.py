@@ -1,36 +1,45 @@
-"""``python -m grader release --to DIR``: the learner's bundle, or a Gradescope autograder.
+"""``python -m grader release --to DIR``: the learner's edition, or a Gradescope autograder.
 
-The learner's bundle is the workbook without the instructor's side:
+The learner's edition is the workbook made for a learner:
 
-    README.md, LICENSE, pyproject.toml, setup.sh, .gitignore
-    kernels/, notebooks/, docs/
-    grader/    without grader/checks/hidden/
-    stages/    rendered from solutions/ now (with its .release.json), whatever stages/ holds here
-    tests/     the tests that run without solutions/: not tests/wrong/ (its edits quote the
-               solutions), nor any test that reads solutions/
+    README.md      written for learners: set-up, the stages shipped, grading, help
+    LICENSE, pyproject.toml, setup.sh, .gitignore
+    kernels/, grader/   the grader without grader/checks/hidden/ (and without Gradescope's files)
+    stages/        rendered from solutions/ now (with its .release.json): stages 1..N with
+                   ``--through stageN``, every stage without it
+    notebooks/     the notebooks of those stages, with no stored outputs
+    tests/         the tests that run without solutions/ (not tests/wrong/, whose edits quote them)
+    published/     reference solutions, once ``python -m grader publish`` adds them
+    edition.json   the version, the source commit, what is shipped and published, and what was
+                   written (grader/edition.py)
+
+The file of stage N+1 holds stage N's answers as given code, so ``--through`` is how a stage's
+file waits until the one before it is due; release says which answers each shipped file gives.
 
 ``autograder=[stages]`` builds a Gradescope autograder instead: the same files with the hidden
 checks kept, Gradescope's ``setup.sh`` and ``run_autograder`` (from grader/gradescope/) at the top,
 and ``DIR.zip`` to upload.  Neither ever holds ``solutions/``: a submission is graded against the
 float64 reference, which needs no solution.
 
-Before ``build`` returns, it searches what it wrote: no ``solutions/`` folder, no solution markers
-in a stage file, a notebook or kernels/, and, in a learner's bundle, no hidden check's name in any
-file.  A bundle that fails the search is deleted.
+Before anything is written, ``edition.audit`` searches what would be: no solutions folder, no
+wrong solutions, no solution markers, no answers of a stage that is neither published nor given
+code in a shipped file, and, in a learner's edition, no hidden check's name.  An edition that
+fails the search is not written.  Run on a folder that already holds an edition, release updates
+it in place without touching what the learner changed (grader/edition.py).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from grader import release, stages
+from grader import edition, publish, release, stages
 from kernels.loader import ROOT
 
-TOP_FILES = ("README.md", "LICENSE", "pyproject.toml", "setup.sh", ".gitignore")
-TOP_DIRS = ("kernels", "grader", "notebooks", "docs")
-_JUNK = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
+TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", ".gitignore")
+CODE_DIRS = ("kernels", "grader")
+LEARNER_DOCS = ("platforms.md",)           # docs written for learners; the rest are the instructor's
+_JUNK = {"__pycache__", ".ipynb_checkpoints"}
 
 
 class BundleError(RuntimeError):
@@ -41,78 +50,152 @@ def hidden_check_names() -> set[str]:
     return {c.name for s in stages.STAGES for c in s.checks() if c.hidden}
 
 
-def _ignore(keep_hidden: bool):
-    def ignore(folder, names):
-        skip = set(_JUNK(folder, names))
-        if not keep_hidden and Path(folder) == ROOT / "grader" / "checks":
-            skip.add("hidden")
-        return skip
-    return ignore
+def _tree(top: Path, *, skip=()) -> dict[str, bytes]:
+    found = {}
+    for path in sorted(top.rglob("*")):
+        rel = path.relative_to(ROOT)
+        if path.is_dir() or _JUNK & set(rel.parts) or path.suffix == ".pyc" or path.name.endswith(edition.NEW):
+            continue
+        if any(rel.as_posix().startswith(s) for s in skip):
+            continue
+        found[rel.as_posix()] = path.read_bytes()
+    return found
 
 
 def _learner_tests() -> list[Path]:
     return sorted(p for p in (ROOT / "tests").glob("*.py") if "solutions" not in p.read_text())
 
 
-def build(dest: str | Path, *, autograder: list[str] | None = None, log=print) -> Path:
-    """Write the learner's bundle (or, with ``autograder``, a Gradescope autograder) into ``dest``."""
-    dest = Path(dest).resolve()
-    if dest.exists() and any(dest.iterdir()):
-        raise BundleError(f"{dest} exists and is not empty: choose a new folder")
-    for name in autograder or []:
-        stages.find(name)  # an unknown stage is an error now, not on Gradescope
-    hidden = hidden_check_names()
-    dest.mkdir(parents=True, exist_ok=True)
+def collect(shipped: list, *, autograder: list[str] | None = None, published: list[str] = ()) -> dict[str, bytes]:
+    """Every file of an edition (relative path -> bytes) shipping the ``shipped`` stages."""
+    wanted: dict[str, bytes] = {}
     for name in TOP_FILES:
-        if (ROOT / name).exists():
-            shutil.copy2(ROOT / name, dest / name)
-    for name in TOP_DIRS:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, dest / name, ignore=_ignore(keep_hidden=bool(autograder)))
-    (dest / "tests").mkdir()
+        if (ROOT / name).is_file():
+            wanted[name] = (ROOT / name).read_bytes()
+    skip = [] if autograder else ["grader/checks/hidden", "grader/gradescope"]
+    for name in CODE_DIRS:
+        wanted.update(_tree(ROOT / name, skip=skip))
+    for name in LEARNER_DOCS:
+        if (ROOT / "docs" / name).is_file():
+            wanted[f"docs/{name}"] = (ROOT / "docs" / name).read_bytes()
     for path in _learner_tests():
-        shutil.copy2(path, dest / "tests" / path.name)
-    release.release(stages=dest / "stages", log=lambda *_: None)
+        wanted[f"tests/{path.name}"] = path.read_bytes()
+    rendered = release.rendered()
+    manifest = {}
+    for stage in shipped:
+        for name in stage.files():
+            text = rendered[name]
+            wanted[f"stages/{name}"] = text.encode()
+            manifest[name] = release._sha(text)
+        wanted[f"notebooks/{stage.notebook}"] = edition.cleared((ROOT / "notebooks" / stage.notebook).read_bytes())
+    wanted[f"stages/{release.MANIFEST}"] = release.manifest_text(manifest).encode()
+    wanted["README.md"] = learner_readme(shipped).encode()
+    for name in published:
+        wanted.update(publish.files_of(stages.find(name)))
     if autograder:
         for name in ("setup.sh", "run_autograder"):
             text = (ROOT / "grader" / "gradescope" / name).read_text()
-            (dest / name).write_text(text.replace("@STAGES@", ",".join(autograder)))
-            (dest / name).chmod(0o755)
-    problems = audit(dest, set() if autograder else hidden)
+            wanted[name] = text.replace("@STAGES@", ",".join(autograder)).encode()
+    return wanted
+
+
+def build(dest: str | Path, *, autograder: list[str] | None = None, through: str | None = None,
+          log=print) -> Path:
+    """Write (or update in place) the learner's edition, or with ``autograder`` a Gradescope autograder."""
+    dest = Path(dest).resolve()
+    old = edition.read(dest)
+    if dest.exists() and any(dest.iterdir()) and old is None:
+        raise BundleError(f"{dest} exists, is not empty and holds no edition ({edition.MANIFEST}): "
+                          "choose a new folder")
+    for name in autograder or []:
+        stages.find(name)  # an unknown stage is an error now, not on Gradescope
+    last = stages.find(through or (old or {}).get("through") or stages.STAGES[-1].name)
+    shipped = [s for s in stages.STAGES if s.number <= last.number]
+    published = list((old or {}).get("published", []))
+    wanted = collect(shipped, autograder=autograder, published=published)
+    keys = edition.answer_keys()
+    given = {n for s in shipped for n in edition.answers_in(wanted[f"stages/{s.module}.py"], keys)}
+    allowed = given | {stages.find(p).number for p in published}
+    problems = edition.audit(wanted, allowed, keys, set() if autograder else hidden_check_names())
     if problems:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise BundleError("the bundle would give away what it must not, so it was not written:\n  "
+        raise BundleError("the edition would give away what it must not, so nothing was written:\n  "
                           + "\n  ".join(problems))
+    meta = dict(edition.source_version(), kind="autograder" if autograder else "learner", through=last.name,
+                published=published)
+    if old and old.get("kind", "learner") != meta["kind"]:
+        raise BundleError(f"{dest} holds a {old.get('kind', 'learner')} edition, not a {meta['kind']} one")
+    dest.mkdir(parents=True, exist_ok=True)
+    changes = edition.write(dest, wanted, meta, log=log if old else (lambda *_: None))
+    for stage in shipped:
+        answers = sorted(edition.answers_in(wanted[f"stages/{stage.module}.py"], keys) - {stage.number})
+        if answers and not old:
+            log(f"note     stages/{stage.module}.py gives, as given code, the answers of "
+                + ", ".join(f"stage{n}" for n in answers))
     if autograder:
         archive = shutil.make_archive(str(dest), "zip", dest)
-        log(f"wrote {dest} and {archive}: upload the .zip as the Gradescope autograder")
+        log(f"wrote {dest} and {archive}: upload the .zip as the Gradescope autograder "
+            f"(edition {meta['version']})")
+    elif old:
+        log(f"{dest} now holds the learner's edition {meta['version']}, stages 1-{last.number}: "
+            f"{len(changes)} change(s), listed above")
     else:
-        log(f"wrote {dest}: the learner's workbook ({len(list(dest.rglob('*')))} files, no solutions)")
+        log(f"wrote {dest}: the learner's edition {meta['version']}, stages 1-{last.number}, {len(wanted)} files, "
+            "no solutions")
     return dest
 
 
-def audit(dest: Path, hidden_names: set[str]) -> list[str]:
-    """What in ``dest`` would give away a solution or a hidden check."""
-    problems = [f"{p.relative_to(dest)}: a solutions folder" for p in dest.rglob("solutions") if p.is_dir()]
-    marked = [*dest.glob("stages/*"), *dest.glob("notebooks/*.ipynb"), *dest.glob("kernels/*.py")]
-    for path in marked:
-        if any(release._BEGIN.match(line) or release._END.match(line) for line in _lines(path)):
-            problems.append(f"{path.relative_to(dest)}: holds a solution block")
-    for path in (p for p in dest.rglob("*") if p.is_file() and hidden_names):
-        text = "\n".join(_lines(path))
-        named = sorted(n for n in hidden_names if n in text)
-        if named:
-            problems.append(f"{path.relative_to(dest)}: names hidden check(s) {', '.join(named)}")
-    return problems
+def learner_readme(shipped: list) -> str:
+    """The README of a learner's edition: what this is, set-up, the stages, grading, help."""
+    rows = "\n".join(f"| {s.number} | {s.title} | `stages/{s.module}.py` | `notebooks/{s.notebook}` | {s.runs_on} |"
+                     for s in shipped)
+    later = "" if shipped[-1].number == stages.STAGES[-1].number else (
+        f"\nStages {shipped[-1].number + 1}-{stages.STAGES[-1].number} arrive in a later edition; "
+        "`python -m grader update --from NEW` (or your instructor's instructions) brings them in without "
+        "touching your work.\n")
+    return f"""# Flash Attention Workbook
 
+Write FlashAttention from scratch, one graded stage at a time: from an online softmax in plain
+PyTorch to Triton kernels with causal masks, grouped-query attention, sliding windows, attention
+sinks and the backward pass, and a CUDA kernel for head dims that are not a power of two. Each
+stage is a file with holes to fill in, a notebook that teaches it and runs your code, and a grader
+that checks your code against a float64 reference and tells you what to fix.
 
-def _lines(path: Path) -> list[str]:
-    """A file's lines; a notebook's are its cells' source lines, unescaped."""
-    try:
-        text = path.read_text()
-    except (UnicodeDecodeError, OSError):
-        return []
-    if path.suffix == ".ipynb":
-        cells = json.loads(text).get("cells", [])
-        return [ln for c in cells for ln in "".join(c.get("source", "")).splitlines()]
-    return text.splitlines()
+## Set up
+
+```bash
+bash setup.sh        # makes .venv, installs torch, Triton and the notebooks, checks they work here
+```
+
+Then open the first notebook: `.venv/bin/jupyter lab notebooks/01_online_softmax.ipynb`. Without a
+GPU, Triton kernels run in Triton's CPU interpreter (small sizes, a little slow); the CUDA kernel
+of stage 4 needs an NVIDIA GPU, and its checks say "not run" elsewhere.
+
+## The stages
+
+| # | stage | your file | notebook | runs on |
+| --- | --- | --- | --- | --- |
+{rows}
+{later}
+## How you work
+
+1. Read the stage's notebook and run its cells: they load **your** file from `stages/`.
+2. Fill in the holes marked `TODO(3a)`, `TODO(3b)`, ...: the comment above each says what to write.
+3. Grade:
+
+```bash
+.venv/bin/python -m grader stage3              # your stage 3, check by check, with what to fix
+.venv/bin/python -m grader stage3 --notebook   # ... and its notebook
+.venv/bin/python -m grader                     # your progress over every stage
+.venv/bin/python -m grader stage3 --compare    # once your instructor publishes stage 3's reference
+```
+
+Each check is `pass`, `FAIL` (the message says where, and the likely cause), `todo` (a hole not
+filled yet), `crash`, `timeout` or `not run` (it needs a GPU). Inputs are fresh random numbers each
+run; the seed is printed, and `WORKBOOK_SEED=<seed>` repeats a run.
+
+## Help
+
+- A check's message names the worst position, the tile it is in and the usual cause: start there.
+- The notebooks draw what each kernel does; re-run a stage's picture cells after a change.
+- `edition.json` says which edition this is; quote it (and the seed) when you ask for help.
+"""

@@ -52,7 +52,7 @@ def _test(stage: Stage, r) -> dict:
     return entry
 
 
-def gradescope(graded: list[tuple[Stage, StageResult]]) -> dict:
+def gradescope(graded: list[tuple[Stage, StageResult]], notes: list[str] = ()) -> dict:
     """Gradescope's results.json for these stages; hidden checks are counted, never named."""
     tests, lines = [], []
     for stage, result in graded:
@@ -76,6 +76,7 @@ def gradescope(graded: list[tuple[Stage, StageResult]]) -> dict:
     seeds = sorted({r.seed for _, r in graded})
     lines.append(f"Inputs seed {', '.join(map(str, seeds))}: WORKBOOK_SEED=<seed> repeats them. "
                  f"Graded on {graded[0][1].device if graded else 'this machine'}.")
+    lines += list(notes)
     isolation = sorted({r.isolation for _, r in graded if r.isolation})
     if isolation:
         lines.append(f"Learner code isolated by: {', '.join(isolation)}.")

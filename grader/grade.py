@@ -44,6 +44,7 @@ class CheckResult:
     message: str = ""
     seconds: float = 0.0
     hidden: bool = False
+    calls: list[str] = field(default_factory=list)   # learner functions the check called
 
 
 @dataclass
@@ -137,7 +138,7 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         deadline = min(deadline or float("inf"), start + limits.check_timeout)
     ctx = Ctx(runner, seed, timeout=timeout, deadline=deadline)
     status, message, hint = "pass", "", check.hint
-    runner.last_call = None
+    runner.last_call, runner.calls = None, []
     try:
         check.fn(ctx)
     except CheckFailed as exc:
@@ -172,7 +173,7 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         message += f"\n  hint: {hint}"
     earned = check.points if status in PASSING else 0
     return CheckResult(check.name, check.points, earned, status, message, time.monotonic() - start,
-                       hidden=check.hidden)
+                       hidden=check.hidden, calls=sorted(set(runner.calls)))
 
 
 def _last_frame(tb: str, module: str | None = None) -> str:

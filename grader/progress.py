@@ -8,7 +8,9 @@ from kernels import runtime
 
 
 def progress(source: str = "stages") -> int:
-    print(f"Flash Attention Workbook: progress ({source}/) on {runtime.describe()}\n", flush=True)
+    from grader import edition
+    print(f"Flash Attention Workbook: progress ({source}/) on {runtime.describe()}", flush=True)
+    print(f"{edition.describe()}\n", flush=True)
     rows, details, ok = [], [], True
     for stage in stages.STAGES:
         result = grade_stage(stage, source)

@@ -157,5 +157,10 @@ def release(*, force: bool = False, stages: Path | None = None, solutions: Path 
         target.write_text(text)
         manifest[name] = _sha(text)
         log(f"wrote    {name}")
-    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    manifest_path.write_text(manifest_text(manifest))
     return kept
+
+
+def manifest_text(manifest: dict[str, str]) -> str:
+    """stages/.release.json: file name -> SHA-256 of what release wrote."""
+    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from grader import bundle, formats, mutants, release, stages
+from grader import bundle, edition, formats, mutants, release, stages
 from grader.grade import format_result, grade_stage
 from kernels.loader import ROOT
 
@@ -50,7 +50,9 @@ def test_the_learner_bundle_has_no_solutions_and_no_hidden_checks(tmp_path):
     assert not (dest / "grader" / "checks" / "hidden").exists()
     assert (dest / "tests" / "test_stage1.py").exists() and not (dest / "tests" / "test_wrong_solutions.py").exists()
     assert {p.name: p.read_text() for p in (dest / "stages").glob("stage*")} == release.rendered()
-    assert bundle.audit(dest, {c.name for c in HIDDEN}) == []
+    meta = edition.read(dest)
+    assert edition.audit(edition.on_disk(dest, meta), set(range(1, 10)), edition.answer_keys(),
+                         {c.name for c in HIDDEN}) == []
     # It runs on its own (setup.sh's commands included): a fresh copy is "not started", and the
     # solution passes every check it holds.
     for command in (["release", "--check"], ["stage1", "--solutions"]):
@@ -65,15 +67,18 @@ def test_the_learner_bundle_has_no_solutions_and_no_hidden_checks(tmp_path):
 
 
 def test_a_bundle_that_would_leak_is_refused(tmp_path):
-    dest = tmp_path / "leaky"
-    (dest / "notebooks").mkdir(parents=True)
-    (dest / "notebooks" / "x.ipynb").write_text(json.dumps({"cells": [{"source": ["# BEGIN SOLUTION\n", "x = 1\n"]}]}))
-    (dest / "README.md").write_text(f"try {HIDDEN[0].name}")
-    problems = bundle.audit(dest, {HIDDEN[0].name})
+    solution = (ROOT / "solutions" / FILE).read_text()
+    contents = {"notebooks/x.ipynb": json.dumps({"cells": [{"source": ["# BEGIN SOLUTION\n", "x = 1\n"]}]}).encode(),
+                "README.md": f"try {HIDDEN[0].name}".encode(),
+                "docs/answers.py": release.render(solution, FILE).encode() + b"\n" + solution.encode(),
+                "tests/wrong/stage1.py": b"", "extra/solutions/a.py": b""}
+    problems = edition.audit(contents, set(), edition.answer_keys(), {HIDDEN[0].name})
     assert any("solution block" in p for p in problems) and any("hidden" in p for p in problems)
+    assert any("answers of stage1" in p for p in problems)
+    assert any("wrong solution" in p for p in problems) and any("solutions folder" in p for p in problems)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
-    with pytest.raises(bundle.BundleError, match="not empty"):
+    with pytest.raises(bundle.BundleError, match="holds no edition"):
         bundle.build(tmp_path / "full", log=quiet)
 
 

@@ -1,0 +1,264 @@
+"""Editions: the learner's copy of the workbook, versioned, published stage by stage, updated in place.
+
+``python -m grader release --to DIR [--through stageN]`` writes an edition; ``DIR/edition.json``
+says what it is and what was written:
+
+    {"version": "0.1.0+892164508c5c", "commit": "<the instructor repository's commit>",
+     "through": "stage3", "published": ["stage2"],
+     "files": {"stages/stage1_online_softmax.py": "<sha256 of what the edition wrote>", ...}}
+
+Writing into a folder that already holds an edition updates it in place, and never loses a
+learner's work: a file still as the edition wrote it is replaced by the new version; a file the
+learner changed stays as it is, and the new version is written beside it as ``<name>.new``; a
+file the new edition no longer has is removed only if the learner never changed it.  Every
+change is listed; a rerun with nothing new changes nothing.
+
+``python -m grader publish stage2 --to DIR`` adds the reference solution of stage 2 to an
+edition (grader/publish.py).  Whatever is written, ``audit`` first checks that the edition would
+hold no solution of a stage that is neither published nor shipped as given code, no hidden check
+and no wrong solution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from grader import files, release
+from kernels.loader import ROOT
+
+MANIFEST = "edition.json"
+NEW = ".new"
+
+
+class EditionError(RuntimeError):
+    """An edition cannot be written as asked; the message says why and what to do."""
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- versions -------------------------------------------------------------------------------------
+def source_version(root: Path = ROOT) -> dict:
+    """The version of the instructor's repository: pyproject's version and the git commit."""
+    match = re.search(r'^version\s*=\s*"([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
+    version = match.group(1) if match else "0"
+    commit = "unknown"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit += "+changes" if dirty else ""
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"version": f"{version}+{commit[:12]}" if commit != "unknown" else version, "commit": commit}
+
+
+def read(folder: Path = ROOT) -> dict | None:
+    """The edition.json of ``folder``, or None where there is none (the instructor's repository)."""
+    try:
+        data = files.read_plain(Path(folder) / MANIFEST)
+        return json.loads(data) if data is not None else None
+    except (files.UnsafeFile, ValueError):
+        return None
+
+
+def describe(folder: Path = ROOT) -> str:
+    """One line for the grader's header: which edition, or which commit, this is."""
+    meta = read(folder)
+    if meta is None:
+        return f"workbook {source_version(folder)['version']} (the instructor's repository)"
+    published = ", ".join(meta.get("published", [])) or "none yet"
+    return (f"workbook edition {meta['version']}, stages through {meta['through']}, "
+            f"reference solutions published: {published}")
+
+
+def version_notes(submission: str | None, folder: Path = ROOT) -> list[str]:
+    """A line for a learner whose copy is another edition than the grader's (a whole workbook handed in)."""
+    if not submission:
+        return []
+    theirs = read(Path(submission))
+    mine = read(folder) or source_version(folder)
+    if theirs and theirs.get("version") != mine.get("version"):
+        return [f"Your copy is edition {theirs.get('version')}; this grader is {mine.get('version')}: if a check "
+                "surprises you, update your copy (python -m grader update --from <the new edition>)."]
+    return []
+
+
+# -- writing an edition ---------------------------------------------------------------------------
+def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove_missing: bool = True) -> list[str]:
+    """Make ``dest`` hold ``wanted`` (relative path -> bytes) without losing a learner's edit.
+
+    Returns the list of changes, one line each; ``meta`` (without "files") becomes edition.json.
+    """
+    dest = Path(dest)
+    old = read(dest) or {}
+    recorded: dict[str, str] = dict(old.get("files", {}))
+    changes: list[str] = []
+    for rel in sorted(wanted):
+        data = wanted[rel]
+        target = dest / rel
+        try:
+            current = files.read_plain(target, limit=1 << 30)
+        except files.UnsafeFile:
+            current = b"\0<not a plain file>"
+        if current == data:
+            recorded[rel] = _sha(data)
+            continue
+        if current is not None and recorded.get(rel) == _sha(data):
+            continue           # changed by the learner, unchanged in the edition: nothing to say
+        if current is None:
+            _put(target, data, rel)
+            changes.append(f"added    {rel}")
+        elif recorded.get(rel) == _sha(current):
+            _put(target, data, rel)
+            changes.append(f"updated  {rel}")
+        else:
+            beside = dest / (rel + NEW)
+            existing = files.read_plain(beside, limit=1 << 30) if files.plain_file(beside) else None
+            if existing != data:
+                _put(beside, data, rel)
+            changes.append(f"kept     {rel}: it has your changes; the new version is {rel + NEW}")
+        recorded[rel] = _sha(data)
+    for rel in sorted(set(recorded) - set(wanted)) if remove_missing else []:
+        target = dest / rel
+        current = files.read_plain(target) if files.plain_file(target) else None
+        if current is not None and _sha(current) == recorded[rel]:
+            target.unlink()
+            changes.append(f"removed  {rel}")
+        elif current is not None:
+            changes.append(f"kept     {rel}: no longer part of the edition, and it has your changes")
+        del recorded[rel]
+    manifest = dict(meta, files=dict(sorted(recorded.items())))
+    text = (json.dumps(manifest, indent=1) + "\n").encode()
+    if files.read_plain(dest / MANIFEST) != text:
+        _put(dest / MANIFEST, text, MANIFEST)
+    for line in changes:
+        log(line)
+    return changes
+
+
+def _put(target: Path, data: bytes, rel: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(target) or (os.path.lexists(target) and not files.plain_file(target)):
+        target.unlink()
+    tmp = target.parent / f".{target.name}.writing"
+    tmp.write_bytes(data)
+    os.chmod(tmp, 0o755 if rel.endswith(".sh") or rel == "run_autograder" else 0o644)
+    os.replace(tmp, target)
+
+
+# -- what would give an answer away ---------------------------------------------------------------
+def _significant(line: str) -> str | None:
+    s = line.strip()
+    return s if len(s) >= 10 and not s.startswith(("#", "//")) else None
+
+
+def solution_blocks(text: str) -> list[list[str]]:
+    """The code between the solution markers of a solution file, block by block."""
+    found, current = [], None
+    for line in text.splitlines():
+        if release._BEGIN.match(line):
+            current = []
+        elif release._END.match(line):
+            found.append(current or [])
+            current = None
+        elif current is not None:
+            current.append(line)
+    return found
+
+
+def answer_keys(solutions: Path = ROOT / "solutions") -> dict[int, list[set[str]]]:
+    """Stage number -> its answers, as sets of significant lines, one set per solution block.
+
+    A line that the stage's own learner file holds (given code) is no answer."""
+    from grader import stages
+    rendered = release.rendered(solutions)
+    keys: dict[int, list[set[str]]] = {}
+    for stage in stages.STAGES:
+        for name in stage.files():
+            path = solutions / name
+            if not path.exists():
+                continue
+            given = set(filter(None, map(_significant, rendered[name].splitlines())))
+            for block in solution_blocks(path.read_text()):
+                lines = set(filter(None, map(_significant, block))) - given
+                if lines:
+                    keys.setdefault(stage.number, []).append(lines)
+    return keys
+
+
+def answers_in(text: str | bytes, keys: dict[int, list[set[str]]]) -> set[int]:
+    """The stages whose answers ``text`` holds: most lines of one of their solution blocks."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = set(filter(None, map(_significant, text.splitlines())))
+    return {n for n, blocks in keys.items() if any(len(b & lines) >= max(1, 0.6 * len(b)) for b in blocks)}
+
+
+def audit(contents: dict[str, bytes], allowed: set[int], keys: dict[int, list[set[str]]],
+          hidden_names: set[str] = frozenset()) -> list[str]:
+    """What in an edition (relative path -> bytes) gives away the answers of a stage not in
+    ``allowed``, a solution block, a wrong solution or (``hidden_names``) a hidden check."""
+    problems = []
+    for rel in sorted(contents):
+        parts = Path(rel).parts
+        if "solutions" in parts[:-1] or parts[:2] == ("tests", "wrong"):
+            problems.append(f"{rel}: {'a solutions folder' if 'solutions' in parts else 'a wrong solution'}")
+        if Path(rel).suffix not in (".py", ".cu", ".ipynb", ".md", ".json", ".txt", ".sh", ""):
+            continue
+        text = "\n".join(_lines(rel, contents[rel]))
+        if parts[0] != "grader" and any(release._BEGIN.match(ln) or release._END.match(ln) for ln in text.splitlines()):
+            problems.append(f"{rel}: holds a solution block")   # (grader/release.py documents the markers)
+        leaked = sorted(answers_in(text, keys) - allowed)
+        if leaked:
+            problems.append(f"{rel}: holds the answers of " + ", ".join(f"stage{n}" for n in leaked)
+                            + " (neither published nor shipped as given code)")
+        named = sorted(n for n in hidden_names if n in text)
+        if named:
+            problems.append(f"{rel}: names hidden check(s) {', '.join(named)}")
+    return problems
+
+
+def _lines(rel: str, data: bytes) -> list[str]:
+    """A file's lines; a notebook's are its cells' source lines."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return []
+    if rel.endswith(".ipynb"):
+        try:
+            cells = json.loads(text).get("cells", [])
+        except ValueError:
+            return []
+        return [ln for c in cells for ln in "".join(c.get("source", "")).splitlines()]
+    return text.splitlines()
+
+
+def on_disk(folder: Path, meta: dict) -> dict[str, bytes]:
+    """An edition's files as they are now (what edition.json lists, and any .new beside them)."""
+    found = {}
+    for rel in meta.get("files", {}):
+        for name in (rel, rel + NEW):
+            try:
+                data = files.read_plain(Path(folder) / name, limit=1 << 30)
+            except files.UnsafeFile:
+                continue
+            if data is not None:
+                found[name] = data
+    return found
+
+
+def cleared(notebook: bytes) -> bytes:
+    """A notebook with no stored outputs: nothing in it says "passed" before the learner's own run."""
+    nb = json.loads(notebook)
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode()

@@ -1,0 +1,154 @@
+"""``python -m grader publish stage2[,stage3] --to DIR``: reference solutions, stage by stage.
+
+Publishing a stage adds to a learner's edition (grader/bundle.py) what a learner needs to learn
+from the reference once the stage is due:
+
+    published/<stage file>           the solution, its markers removed (and the .cu, for stage 4)
+    published/stageN.md              the instructor's note (solutions/notes/stageN.md): what the
+                                     reference does differently from the simplest correct answer
+    published/stageN.holes.json      each hole's reference code and where it sits, for --compare
+    notebooks/NN_name.solution.ipynb the stage's notebook with the outputs of a solution run
+
+It refuses, and writes nothing, where the result would give away a stage that is not due: a stage
+whose solution holds (as given code) the answers of a stage that is neither published nor shipped
+as given code, or anything the edition audit refuses.  A stage beyond the edition's ``--through``
+may be published (a worked example, say) as long as it gives nothing else away.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+from grader import edition, release, stages
+from kernels.loader import ROOT
+
+FOLDER = "published"
+_TODO = re.compile(r"TODO\((\w+)\)")
+
+
+class PublishError(RuntimeError):
+    pass
+
+
+def strip_markers(text: str) -> str:
+    """A solution file as a learner reads it: the code of every hole, no markers."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not (release._BEGIN.match(line) or release._END.match(line)))
+
+
+def holes(text: str) -> list[dict]:
+    """Each solution block of a solution file: its TODO label, the reference code, the lines
+    around it that stay in the learner's file (to find the hole there), and its function."""
+    lines = text.splitlines()
+    owners = _functions(strip_markers(text))
+    found, out_line = [], 0       # out_line: line number in the marker-free text
+    i = 0
+    while i < len(lines):
+        if not release._BEGIN.match(lines[i]):
+            out_line += 1
+            i += 1
+            continue
+        j = i + 1
+        while not release._END.match(lines[j]):
+            j += 1
+        before = [ln for ln in lines[:i] if ln.strip() and not release._END.match(ln) and not release._BEGIN.match(ln)]
+        after = next((ln for ln in lines[j + 1:] if ln.strip() and not release._BEGIN.match(ln)), "")
+        label = next((m.group(0) for ln in reversed(before[-12:]) for m in [_TODO.search(ln)] if m), "")
+        block = lines[i + 1:j]
+        if any(ln.strip() for ln in block) and label:
+            found.append({"todo": label, "reference": "\n".join(block), "before": before[-2:], "after": after,
+                          "function": owners.get(out_line + 1, "")})
+        out_line += len(block)
+        i = j + 1
+    return found
+
+
+def _functions(text: str) -> dict[int, str]:
+    """Line number -> the top-level function it is in (for a kernel: the functions that launch it)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return {}
+    owner = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            for n in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                owner[n] = node.name
+    return owner
+
+
+def callers(text: str) -> dict[str, set[str]]:
+    """Top-level function -> the public functions that call it, directly or through others."""
+    tree = ast.parse(text)
+    calls = {node.name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+             for node in tree.body if isinstance(node, ast.FunctionDef)}
+    reach: dict[str, set[str]] = {}
+    for public in (name for name in calls if not name.startswith("_")):
+        seen, todo = set(), [public]
+        while todo:
+            fn = todo.pop()
+            if fn in seen or fn not in calls:
+                continue
+            seen.add(fn)
+            todo.extend(calls[fn])
+        for fn in seen:
+            reach.setdefault(fn, set()).add(public)
+    return reach
+
+
+def files_of(stage) -> dict[str, bytes]:
+    """What publishing ``stage`` adds to an edition (relative path -> bytes)."""
+    note = ROOT / "solutions" / "notes" / f"{stage.name}.md"
+    if not note.is_file():
+        raise PublishError(f"{stage.name} has no note at solutions/notes/{stage.name}.md: write what its reference "
+                           "does differently from the simplest correct answer, then publish")
+    found = {f"{FOLDER}/{stage.name}.md": note.read_bytes()}
+    entries = []
+    for name in stage.files():
+        text = (ROOT / "solutions" / name).read_text()
+        found[f"{FOLDER}/{name}"] = strip_markers(text).encode()
+        entries += [dict(h, file=name) for h in holes(text)]
+    found[f"{FOLDER}/{stage.name}.holes.json"] = (json.dumps(entries, indent=1) + "\n").encode()
+    notebook = ROOT / "notebooks" / stage.notebook
+    found[f"notebooks/{notebook.stem}.solution.ipynb"] = notebook.read_bytes()
+    return found
+
+
+def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
+    """Add the reference solutions of ``names`` to the learner's edition in ``dest``."""
+    dest = Path(dest).resolve()
+    meta = edition.read(dest)
+    if meta is None or meta.get("kind", "learner") != "learner":
+        raise PublishError(f"{dest} holds no learner's edition: make one first with "
+                           "python -m grader release --to DIR")
+    through = stages.find(meta["through"])
+    chosen = [stages.find(n) for n in names]
+    keys = edition.answer_keys()
+    rendered = release.rendered()
+    given = {n for s in stages.STAGES if s.number <= through.number
+             for n in edition.answers_in(rendered[f"{s.module}.py"], keys)}
+    published = {stages.find(p).number for p in meta.get("published", [])}
+    allowed = given | published | {s.number for s in chosen}
+    new: dict[str, bytes] = {}
+    for stage in chosen:
+        solution = strip_markers((ROOT / "solutions" / f"{stage.module}.py").read_text())
+        reveals = sorted(edition.answers_in(solution, keys) - allowed)
+        if reveals:
+            raise PublishError(f"{stage.name}'s solution holds, as given code, the answers of "
+                               f"{', '.join(f'stage{n}' for n in reveals)}, which this edition has neither "
+                               "published nor shipped: publish those too, or first")
+        new.update(files_of(stage))
+    contents = dict(edition.on_disk(dest, meta), **new)
+    problems = edition.audit(contents, allowed, keys)
+    if problems:
+        raise PublishError("publishing would give away what it must not, so nothing was written:\n  "
+                           + "\n  ".join(problems))
+    meta = dict(meta, published=sorted({*meta.get("published", []), *(s.name for s in chosen)},
+                                       key=lambda n: stages.find(n).number))
+    meta.pop("files", None)
+    changes = edition.write(dest, new, meta, log=log, remove_missing=False)
+    log(f"published {', '.join(s.name for s in chosen)} in {dest} ({len(changes)} file(s) written)")
+    return changes
