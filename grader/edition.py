@@ -74,6 +74,8 @@ def describe(folder: Path = ROOT) -> str:
     meta = read(folder)
     if meta is None:
         return f"workbook {source_version(folder)['version']} (the instructor's repository)"
+    if meta.get("kind") == "autograder":
+        return f"workbook edition {meta['version']} (autograder)"
     published = ", ".join(meta.get("published", [])) or "none yet"
     return (f"workbook edition {meta['version']}, stages through {meta['through']}, "
             f"reference solutions published: {published}")

@@ -98,3 +98,11 @@ def test_the_gradescope_autograder_grades_a_submission(tmp_path):
     names = [t["name"] for t in results["tests"]]
     assert "stage1 / hidden checks" in names and not any(c.name in json.dumps(results) for c in HIDDEN)
     assert all(t["status"] == "passed" for t in results["tests"]) and submission.exists()
+    version = edition.read(source)["version"]
+    assert f"Graded by workbook edition {version} (autograder)" in results["output"]
+    # A learner who hands in a whole copy of another edition is told so.
+    (submission / "edition.json").write_text(json.dumps({"version": "0.0.1+older", "files": {}}))
+    run = subprocess.run(["bash", str(source / "run_autograder")], capture_output=True, text=True,
+                         env=dict(os.environ, AUTOGRADER=str(home), PYTHON=sys.executable))
+    output = json.loads((home / "results" / "results.json").read_text())["output"]
+    assert "Your copy is edition 0.0.1+older; this grader is " + version in output
