@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         return _publish(argv[1:])
     if argv and argv[0] == "update":
         return _update(argv[1:])
+    if argv[:2] == ["bench", "report"]:
+        from grader import bench_report
+        return bench_report.main(argv[2:])
     if argv and argv[0] == "bench":
         from grader import bench
         return bench.main(argv[1:])

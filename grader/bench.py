@@ -777,10 +777,21 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def machine() -> dict:
+    """What the rows were measured on: the GPU and the versions (docs/performance.md says them)."""
+    import platform
+    import torch
+    import triton
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no CUDA GPU)"
+    return {"device": device, "python": platform.python_version(), "torch": torch.__version__,
+            "triton": triton.__version__}
+
+
 def write_json(rows: list[dict], path) -> None:
-    """The rows as a JSON list of {stage, case, provider, ms, tflops, peak_mib, input_mib, note}."""
+    """{device, python, torch, triton, rows}: rows of {stage, case, provider, ms, tflops, peak_mib,
+    input_mib, note}, and the machine they were measured on."""
     with open(path, "w") as f:
-        json.dump([{k: r.get(k) for k in JSON_KEYS} for r in rows], f, indent=1)
+        json.dump(dict(machine(), rows=[{k: r.get(k) for k in JSON_KEYS} for r in rows]), f, indent=1)
         f.write("\n")
 
 

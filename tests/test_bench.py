@@ -247,8 +247,27 @@ def test_table_shows_throughput_ratios_and_notes():
 def test_json_rows_round_trip(tmp_path):
     path = tmp_path / "bench.json"
     bench.write_json([dict(r, extra="dropped") for r in ROWS], path)
-    assert json.loads(path.read_text()) == [{k: r.get(k) for k in bench.JSON_KEYS} for r in ROWS]
+    written = json.loads(path.read_text())
+    assert written["rows"] == [{k: r.get(k) for k in bench.JSON_KEYS} for r in ROWS]
     assert set(bench.JSON_KEYS) >= {"stage", "case", "provider", "ms", "tflops", "peak_mib"}
+    assert written["torch"] == torch.__version__ and written["device"]
+
+
+def test_the_performance_page_is_generated_from_the_committed_json():
+    """docs/performance.md is what `bench report` makes of docs/bench-h100.json: it cannot drift."""
+    from grader import bench_report
+    page = bench_report.render("docs/bench-h100.json")
+    assert (ROOT / "docs" / "performance.md").read_text() == page
+    meta, rows = bench_report.load(ROOT / "docs" / "bench-h100.json")
+    assert meta["device"].startswith("NVIDIA") and rows
+    for r in rows:   # every measured TFLOP/s the JSON holds is on the page
+        if r["tflops"]:
+            assert f"{r['tflops']:.0f}" in page
+    # README's one speed claim is the range the JSON holds
+    tflops = {(r["stage"], r["case"], r["provider"]): r["tflops"] for r in rows}
+    ratios = [t / tflops[(s, c, "sdpa-flash")] for (s, c, p), t in tflops.items()
+              if p == "solution" and s != "stage4" and t and tflops.get((s, c, "sdpa-flash"))]
+    assert f"{min(ratios):.2f}-{max(ratios):.2f}x" in (ROOT / "README.md").read_text().replace("\n", " ")
 
 
 def test_plot_writes_a_png_with_a_panel_per_stage(tmp_path):
