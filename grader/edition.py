@@ -152,7 +152,7 @@ def _put(target: Path, data: bytes, rel: str) -> None:
         target.unlink()
     tmp = target.parent / f".{target.name}.writing"
     tmp.write_bytes(data)
-    os.chmod(tmp, 0o755 if rel.endswith(".sh") or rel == "run_autograder" else 0o644)
+    os.chmod(tmp, 0o755 if rel.endswith(".sh") or rel in ("run_autograder", "workbook") else 0o644)
     os.replace(tmp, target)
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
 from grader import release, stages
 from grader.check import session_seed
-from grader.grade import run_check
+from grader.grade import _snapshot, run_check
 from grader.worker import ImportFailed, Runner
 from kernels import loader
 
@@ -37,13 +39,18 @@ def pytest_configure(config):
 
 
 _runners: dict[tuple[str, str], Runner] = {}
+_snapshots: list[Path] = []
 _SEED = session_seed()
 
 
 def _runner(stage, source: str) -> Runner:
+    """One worker per stage and source, reading a private copy of the stage's files, as grading does
+    (the worker may run as another user, who need not be able to read solutions/ itself)."""
     key = (stage.module, source)
     if key not in _runners:
-        _runners[key] = Runner(stage.module, source)
+        snapshot = _snapshot(stage, source)
+        _snapshots.append(snapshot)
+        _runners[key] = Runner(stage.module, str(snapshot))
     return _runners[key]
 
 
@@ -51,6 +58,8 @@ def _runner(stage, source: str) -> Runner:
 def _close_all():
     for r in _runners.values():
         r.close()
+    for snapshot in _snapshots:
+        shutil.rmtree(snapshot, ignore_errors=True)
 
 
 def stage_tests(name: str):
@@ -70,7 +79,8 @@ def stage_tests(name: str):
         if result.status == "not run":
             pytest.skip(result.message)
         if result.status != "pass":
-            pytest.fail(f"[{result.status}] {result.message}\n(seed {_SEED}: WORKBOOK_SEED={_SEED} repeats it)",
+            message = result.message.replace(_runner(stage, source).source, str(path.parent))
+            pytest.fail(f"[{result.status}] {message}\n(seed {_SEED}: WORKBOOK_SEED={_SEED} repeats it)",
                         pytrace=False)
 
     return test_check
