@@ -115,7 +115,7 @@ class Batch:
         tmp = self.folder(learner) / f".{stage.name}.{secrets.token_hex(6)}.tmp"
         env = dict(os.environ, **self.limits.env(), WORKBOOK_SEED=str(self.seed),
                    WORKBOOK_PRIVATE=str(self.submissions), WORKBOOK_PROTECT=str(self.out),
-                   **{sandbox.ENV: self.mechanism.name, sandbox.CHECKED_ENV: self.mechanism.name},
+                   **sandbox.checked_env(self.mechanism),
                    OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // self.jobs)))
         cmd = [sys.executable, "-m", "grader", stage.name, "--submission", str(learner), "--format", "json",
                "--out", str(tmp)]

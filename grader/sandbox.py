@@ -65,6 +65,7 @@ class IsolationError(RuntimeError):
 class Mechanism:
     name: str
     reason: str = ""          # why it was chosen, or why stronger ones were not
+    seccomp: bool = True      # the worker's seccomp filter refuses network sockets (the probe says)
 
     @property
     def dedicated_uid(self) -> bool:
@@ -73,7 +74,8 @@ class Mechanism:
     def describe(self) -> str:
         what = {"bubblewrap": "bubblewrap sandbox (own file view, no network, own processes"
                               + (", unprivileged uid)" if self.dedicated_uid else ")"),
-                "user": "a dedicated unprivileged user (setpriv; the network is not cut)",
+                "user": "a dedicated unprivileged user (setpriv; "
+                        + ("no network sockets)" if self.seccomp else "the network is NOT cut: no seccomp here)"),
                 "none": "none: learner code runs as you, behind the Python guard only"}[self.name]
         return what + (f" [{self.reason}]" if self.reason else "")
 
@@ -85,54 +87,60 @@ def requested() -> str:
     return value
 
 
-@lru_cache(maxsize=None)
 def probe(name: str) -> str | None:
     """None when ``name`` works here; otherwise why not (one line)."""
+    return _probe(name)[0]
+
+
+@lru_cache(maxsize=None)
+def _probe(name: str) -> tuple[str | None, bool]:
+    """(why ``name`` does not work here, or None; whether its worker's seccomp filter cuts the network)."""
     if name == "none":
-        return None
+        return None, False
     if sys.platform != "linux":
-        return f"needs Linux (this is {sys.platform})"
+        return f"needs Linux (this is {sys.platform})", False
     if name == "user" and os.geteuid() != 0:
-        return "needs root, to start the worker as another user"
+        return "needs root, to start the worker as another user", False
     if shutil.which("setpriv") is None and (name == "user" or os.geteuid() == 0):
-        return "setpriv (util-linux) is not installed"
+        return "setpriv (util-linux) is not installed", False
     if name == "bubblewrap" and shutil.which("bwrap") is None:
-        return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)", False
     uid = UID_BASE + UID_SLOTS  # a probe uid outside the slots workers use
-    view = View(readable=())
     import os as stdlib_os  # the probe's Python must find the same standard library as the grader's
-    cmd = Sandbox(Mechanism(name), view, uid=uid).command(
-        [sys.executable, "-c", "import os, torch, kernels.runtime; print(os.__file__)"])
+    script = ("import os, torch, kernels.runtime\nfrom grader.sandbox import forbid_network\n"
+              "print(os.__file__)\nprint(forbid_network())")
+    cmd = Sandbox(Mechanism(name), View(readable=()), uid=uid).command([sys.executable, "-c", script])
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=120, cwd=ROOT,
-                              env=_worker_env(home="/tmp", uid=uid))
+        done = subprocess.run(cmd, capture_output=True, timeout=120, cwd=ROOT, env=_worker_env(home="/tmp", uid=uid))
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"could not start a probe: {exc}"
+        return f"could not start a probe: {exc}", False
     if done.returncode != 0:
         err = done.stderr.decode(errors="replace").strip().splitlines()
-        return f"a probe failed: {err[-1] if err else f'exit status {done.returncode}'}"
-    if done.stdout.decode().strip() != stdlib_os.__file__:
+        return f"a probe failed: {err[-1] if err else f'exit status {done.returncode}'}", False
+    lines = done.stdout.decode().split()
+    if not lines or lines[0] != stdlib_os.__file__:
         return (f"the Python installation ({sys.base_prefix}) is not readable by an unprivileged user: make the "
-                "venv from a Python other users can read (e.g. /usr/bin/python3)")
-    return None
+                "venv from a Python other users can read (e.g. /usr/bin/python3)"), False
+    return None, lines[-1] == "True"
 
 
 @lru_cache(maxsize=None)
 def choose(name: str | None = None) -> Mechanism:
     """The mechanism to grade with: ``name``, or $WORKBOOK_ISOLATION, or the strongest that works."""
     name = name or requested()
-    if name != "auto" and os.environ.get(CHECKED_ENV) == name:
-        return Mechanism(name)
+    checked = os.environ.get(CHECKED_ENV, "")
+    if name != "auto" and checked.split(":")[0] == name:      # a batch's grading: its probe already ran
+        return Mechanism(name, seccomp=checked.endswith(":seccomp"))
     if name != "auto":
-        why = probe(name)
+        why, seccomp = _probe(name)
         if why:
             raise IsolationError(f"isolation {name!r} is not available here: {why}")
-        return Mechanism(name)
+        return Mechanism(name, seccomp=seccomp)
     missing = []
     for candidate in MECHANISMS:
-        why = probe(candidate)
+        why, seccomp = _probe(candidate)
         if why is None:
-            return Mechanism(candidate, "; ".join(missing))
+            return Mechanism(candidate, "; ".join(missing), seccomp=seccomp)
         missing.append(f"{candidate}: {why}")
     raise AssertionError("'none' always works")
 
@@ -146,6 +154,11 @@ def use_isolation_option(args) -> None:
     if getattr(args, "isolation", None):
         os.environ[ENV] = args.isolation
         choose.cache_clear()
+
+
+def checked_env(mechanism: Mechanism) -> dict[str, str]:
+    """What a batch hands its gradings so that they do not probe again."""
+    return {ENV: mechanism.name, CHECKED_ENV: mechanism.name + (":seccomp" if mechanism.seccomp else "")}
 
 
 # -- what the worker may read ---------------------------------------------------------------------
@@ -574,3 +587,56 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+# -- no network, whatever the mechanism: a seccomp filter on socket() ---------------------------
+_AF_UNIX, _AF_NETLINK = 1, 16
+_SECCOMP = {  # machine -> (audit arch, socket's number, io_uring_setup's number)
+    "x86_64": (0xC000003E, 41, 425),
+    "aarch64": (0xC00000B7, 198, 425),
+}
+
+
+def forbid_network() -> bool:
+    """Refuse, for this process and every process it starts, any socket but a local (AF_UNIX or
+    netlink) one, and io_uring (which can open sockets without the socket() call).  A seccomp
+    filter: learner code cannot remove it.  False where the kernel or the machine does not allow it.
+    """
+    import ctypes
+    import platform
+    spec = _SECCOMP.get(platform.machine())
+    if sys.platform != "linux" or spec is None:
+        return False
+    arch, nr_socket, nr_io_uring = spec
+    deny = 0x00050000 | 13                  # SECCOMP_RET_ERRNO | EACCES
+    allow = 0x7FFF0000                      # SECCOMP_RET_ALLOW
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    # (code, jump if true, jump if false, k): jumps count the instructions to skip.
+    program = [
+        (ld, 0, 0, 4),                      # 0  the call's architecture
+        (jeq, 1, 0, arch),                  # 1  native: go on; else (a 32-bit entry point) refuse
+        (ret, 0, 0, deny),                  # 2
+        (ld, 0, 0, 0),                      # 3  the call's number
+        (jge, 6, 0, 0x40000000),            # 4  x32's numbers: refuse
+        (jeq, 5, 0, nr_io_uring),           # 5  io_uring_setup: refuse
+        (jeq, 1, 0, nr_socket),             # 6  socket(): look at its family
+        (ret, 0, 0, allow),                 # 7  anything else
+        (ld, 0, 0, 16),                     # 8  socket's first argument, the family
+        (jeq, 2, 0, _AF_UNIX),              # 9
+        (jeq, 1, 0, _AF_NETLINK),           # 10
+        (ret, 0, 0, deny),                  # 11 (also the target of 4 and 5)
+        (ret, 0, 0, allow),                 # 12
+    ]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(program))(*[Filter(*i) for i in program])
+    prog = Program(len(program), ctypes.cast(filters, ctypes.POINTER(Filter)))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:                      # PR_SET_NO_NEW_PRIVS
+        return False
+    return libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0   # PR_SET_SECCOMP, SECCOMP_MODE_FILTER

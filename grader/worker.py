@@ -169,7 +169,7 @@ class _Pipes:
 
 
 def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
-                 private: tuple = (), protected: tuple = (), own_uid: bool = False) -> None:
+                 private: tuple = (), protected: tuple = (), own_uid: bool = False, cut_network: bool = False) -> None:
     _die_with_parent(parent_pid)
     # stdout and stderr are the grader's capped log: learner prints never reach the protocol.
     import faulthandler
@@ -179,6 +179,8 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
     sys.path.insert(0, str(root))
     try:
         _set_limits(limits, own_uid=own_uid)
+        if cut_network and not sandbox.forbid_network():
+            raise RuntimeError("the grader could not install its seccomp filter, which it found working before")
         from kernels import loader, runtime
         import torch
         if not runtime.ON_GPU:
@@ -269,7 +271,8 @@ class Runner:
         config = {"stage": self.stage, "source": self.source, "limits": asdict(self.limits),
                   "parent_pid": 0 if self.mechanism.name == "bubblewrap" else os.getpid(),
                   "private": self._private, "protected": self._protected,
-                  "own_uid": self._sandbox.uid is not None}
+                  "own_uid": self._sandbox.uid is not None,
+                  "cut_network": self.mechanism.name != "none" and self.mechanism.seccomp}
         argv = [sys.executable, "-m", "grader.worker", str(to_worker_r), str(from_worker_w), json.dumps(config)]
         try:
             self._proc = subprocess.Popen(
@@ -514,7 +517,8 @@ def _child_main(argv: list[str]) -> None:
     fd_in, fd_out, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
     limits = Limits(**config["limits"])
     _worker_main(_Pipes(fd_in, fd_out), config["stage"], config["source"], limits, config["parent_pid"],
-                 tuple(config["private"]), tuple(config["protected"]), own_uid=config["own_uid"])
+                 tuple(config["private"]), tuple(config["protected"]), own_uid=config["own_uid"],
+                 cut_network=config.get("cut_network", False))
 
 
 if __name__ == "__main__":
