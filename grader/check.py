@@ -44,6 +44,7 @@ class Check:
     hint: str = ""             # the usual cause, shown when the check fails
     doc: str = ""
     hidden: bool = False       # counts in the grade; never released, never named to the learner
+    validation: bool = False   # judges bad-input handling only: no points while the code it calls has holes
 
 
 _REGISTRY: dict[str, list[Check]] = {}
@@ -52,8 +53,13 @@ _REGISTRY: dict[str, list[Check]] = {}
 HIDDEN_PACKAGE = "grader.checks.hidden"
 
 
-def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = "", hidden: bool = False):
+def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = "", hidden: bool = False,
+          validation: bool = False):
     """Register a check in the list of its module (one module of checks per stage).
+
+    A ``validation`` check only asks that bad input be refused; the wrapper's given code already
+    does most of that, so the check earns its points only once the functions it calls have no
+    unfilled TODO left (see grader/holes.py).
 
     Hidden checks (``hidden=True``) live in ``grader/checks/hidden/stageN.py``, a folder that
     ``python -m grader release --to`` never copies; the two must agree, so a hidden check can
@@ -65,7 +71,7 @@ def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: s
             raise ValueError(f"check {fn.__name__} in {fn.__module__}: hidden checks, and only they, belong in "
                              f"grader/checks/hidden/stageN.py (with @check(hidden=True))")
         doc = (fn.__doc__ or "").strip().splitlines()
-        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden)
+        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden, validation)
         _REGISTRY.setdefault(fn.__module__, []).append(c)
         return fn
     return register
@@ -84,12 +90,14 @@ def session_seed() -> int:
 class _Learner:
     def __init__(self, runner, timeout, deadline=None):
         self._runner, self._timeout, self._deadline = runner, timeout, deadline
+        self._called: set[str] = set()      # the learner functions this check has called
 
     def __getattr__(self, fn_name):
         if fn_name.startswith("_"):
             raise AttributeError(fn_name)
 
         def call(*args, **kwargs):
+            self._called.add(fn_name)
             timeout = self._timeout
             if self._deadline is not None:
                 timeout = min(timeout, self._deadline - time.monotonic())
@@ -112,6 +120,11 @@ class Ctx:
     def __post_init__(self):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.learner = _Learner(self.runner, self.timeout, self.deadline)
+
+    @property
+    def called(self) -> set[str]:
+        """Names of the learner functions this check has called so far."""
+        return set(self.learner._called)
 
     # -- inputs ---------------------------------------------------------------------------
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import release
+from grader import holes, release, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.limits import Limits
 from grader.stages import Stage
@@ -138,11 +138,38 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         tail = _crash_context(runner.output_tail(4000), runner.stage)
         if tail:
             message += f"; last output: {tail}"
+    status, message, hint = _holes_verdict(check, runner, ctx.called, status, message, hint)
     if status not in PASSING + ("not run",) and hint:
         message += f"\n  hint: {hint}"
     earned = check.points if status in PASSING else 0
     return CheckResult(check.name, check.points, earned, status, message, time.monotonic() - start,
                        hidden=check.hidden)
+
+
+def _holes_verdict(check, runner: Runner, called: set[str], status: str, message: str, hint: str):
+    """``todo`` for a check whose code still has a hole as released, wherever the hole is.
+
+    A failure of any kind (a wrong answer from a kernel whose body is still ``pass``, the stub's
+    NotImplementedError, a crash) is reported as the unfilled TODO it ran into, at the line it is
+    on now.  A validation check passes on the given wrapper alone, so it earns nothing until the
+    functions it calls are written.
+    """
+    if status == "not run" or not called:
+        return status, message, hint
+    try:
+        stage = stages.find(runner.stage)
+        found = holes.find(loader.source_dir(runner.source), stage).reached_by(called)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return status, message, hint
+    if not found:
+        return status, message, hint
+    if status != "pass":
+        return "todo", holes.todo_message(found), ""
+    if check.validation:
+        fns = ", ".join(sorted(called))
+        return "todo", (f"{holes.todo_message(found)}; this check of bad input counts once {fns} is written "
+                        "(the given code refuses most bad input already)"), ""
+    return status, message, hint
 
 
 def _last_frame(tb: str, module: str | None = None) -> str:
@@ -232,6 +259,10 @@ def hidden_summary(results: list[CheckResult]) -> str:
             f"{sum(r.points for r in hidden)} points")
 
 
+def _seconds(r: CheckResult) -> str:
+    return "" if r.status == "not run" else f"{r.seconds:.1f} s"
+
+
 def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str:
     lines = [f"{stage.name}: {stage.title}  [{result.source}]"]
     if result.status == "not started":
@@ -240,26 +271,43 @@ def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str
                      f"{'does not exist' if missing else 'is as released'}. Open notebooks/{stage.notebook}, "
                      f"fill in its TODOs, then run: python -m grader {stage.name}")
         return "\n".join(lines)
+    if result.status == "import error":              # one cause, shown once, not once per check
+        message = result.results[0].message if result.results else "the file could not be imported"
+        body = textwrap.wrap(message, width=width - 4) or [""]
+        lines += [f"  {body[0]}"] + [f"    {b}" for b in body[1:]]
+        lines.append(f"  none of its {len(result.results)} checks ran: fix that line, then run: "
+                     f"python -m grader {stage.name}")
+        return "\n".join(lines)
     shown = [r for r in result.results if not r.hidden]
     name_w = max([len(r.name) for r in shown] + [5])
-    lines.append(f"  {'check':<{name_w}}  points  status   message")
+    lines.append(f"  {'check':<{name_w}}  points  status      time  message")
+    pad = " " * (name_w + 31)
     for r in shown:
         pts = f"{r.earned}/{r.points}"
         first, *rest = (r.message or "").split("\n") or [""]
-        body = textwrap.wrap(first, width=max(30, width - name_w - 22)) or [""]
-        lines.append(f"  {r.name:<{name_w}}  {pts:>6}  {_MARK[r.status]:<7}  {body[0]}")
-        pad = " " * (name_w + 20)
+        body = textwrap.wrap(first, width=max(30, width - name_w - 33)) or [""]
+        lines.append(f"  {r.name:<{name_w}}  {pts:>6}  {_MARK[r.status]:<7}  {_seconds(r):>6}  {body[0]}")
         lines += [f"  {pad}{b}" for b in body[1:]]
         lines += [f"  {pad}{x.strip()}" for x in rest]
     if hidden_summary(result.results):
         lines.append(f"  {hidden_summary(result.results)}")
-    not_run = sum(r.status == "not run" for r in result.results)
-    summary = f"  score {result.score}/{result.max_score}"
-    if not_run:
-        summary += f"; {not_run} check(s) not run here (they need a CUDA GPU, or a tool their message names)"
-    summary += f"; {result.seconds:.1f} s; inputs seed {result.seed} (WORKBOOK_SEED={result.seed} repeats them)"
-    lines.append(summary)
+    lines.append("  " + score_line(result))
+    lines.append(f"  {result.seconds:.1f} s; inputs seed {result.seed} (WORKBOOK_SEED={result.seed} repeats them)")
     return "\n".join(lines)
+
+
+def score_line(result: StageResult) -> str:
+    """Points earned out of the points that can run here; GPU points pending, and other not-run ones, apart."""
+    here = [r for r in result.results if r.status != "not run"]
+    text = f"score {sum(r.earned for r in here)}/{sum(r.points for r in here)} (the points that run here)"
+    gpu = [r for r in result.results if r.status == "not run" and "CUDA GPU" in r.message]
+    other = [r for r in result.results if r.status == "not run" and r not in gpu]
+    if gpu:
+        text += (f"; {sum(r.points for r in gpu)} GPU points pending "
+                 f"({', '.join(r.name if not r.hidden else 'hidden' for r in gpu)}: they run on a CUDA GPU)")
+    if other:
+        text += f"; {sum(r.points for r in other)} points not run here ({', '.join(r.name for r in other)}: see why above)"
+    return text
 
 
 def print_result(stage: Stage, result: StageResult) -> None:

@@ -85,7 +85,7 @@ def attention_non_contiguous(ctx):
     _attention_close(ctx, q, k, v, block_m=16, block_n=16, label="(non-contiguous q, k, v)")
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def attention_bad_input(ctx):
     """Wrong rank, mismatched shapes and mixed dtypes raise errors that name the argument."""
     q, k = ctx.randn(1, 2, 8, 16), ctx.randn(1, 2, 8, 16)

@@ -132,7 +132,7 @@ def weighted_row_sum_float16(ctx):
     _wrs_close(ctx, x, w, block_n=64, label="float16")
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def weighted_row_sum_bad_input(ctx):
     """Wrong rank, mismatched lengths, mixed dtypes (and bfloat16 on the CPU) raise errors that name them."""
     x, w = ctx.randn(4, 10), ctx.randn(10)
@@ -241,7 +241,7 @@ def softmax_float16(ctx):
     _softmax_close(ctx, ctx.randn(4, 333, dtype=torch.float16, scale=4.0), block_n=64, label="float16")
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def softmax_bad_input(ctx):
     """Wrong rank and unsupported dtypes (bfloat16 on the CPU, int, float64) raise errors that name x."""
     x = ctx.randn(3, 20)

@@ -186,7 +186,7 @@ def float16(ctx):
 # -- bad input ---------------------------------------------------------------------------------
 
 @check(points=1, hint="call validate.attention_inputs(..., head_dims=HEAD_DIMS) and runtime.check_dtype before "
-                      "launching anything")
+                      "launching anything", validation=True)
 def bad_input(ctx):
     """Wrong rank, mismatched batch, heads or head dims, mixed dtypes, head dims out of range."""
     q, k, v = _qkv(ctx, 1, 2, 8, 8, 16)

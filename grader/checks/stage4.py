@@ -206,7 +206,7 @@ def emulation_causal(ctx):
         _judge(ctx, "emulate_attention", q, k, v, causal=True, block_m=bm, block_n=bn)
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def kernel_bad_input(ctx):
     """flash_attention refuses head dims off the mma grid, float32 and mismatched heads, naming the problem."""
     for d in (12, 264):

@@ -1,0 +1,105 @@
+"""Honest statuses: an unfilled hole is todo wherever it is, named by its label at its current line."""
+
+import re
+
+from grader import holes, release, stages
+from grader.grade import format_result, grade_stage
+from kernels.loader import ROOT
+
+STAGE1, STAGE3 = stages.find("stage1"), stages.find("stage3")
+
+
+def _partly_done(stage, tmp_path, unfilled: set[str], *, lines_above: int = 0):
+    """The stage file as a learner who filled every TODO except ``unfilled`` would have it.
+
+    Made by release itself: the solution with the markers of the filled holes removed, rendered.
+    ``lines_above`` comment lines go at the top, as a learner's notes would.
+    """
+    name = f"{stage.module}.py"
+    lines = (ROOT / "solutions" / name).read_text().splitlines(keepends=True)
+    out, label, keep_markers, inside = [], None, True, False
+    for line in lines:
+        found = re.search(r"TODO\(\w+\)", line)
+        if found and line.lstrip().startswith("#"):
+            label = found.group(0)[5:-1]
+        if release._BEGIN.match(line):
+            keep_markers, inside = (label in unfilled or label is None), True
+            if not keep_markers:
+                continue
+        elif release._END.match(line) and inside:
+            inside, label = False, None
+            if not keep_markers:
+                continue
+        out.append(line)
+    text = release.render("".join(out), name)
+    text = "".join(f"# my note {i}\n" for i in range(lines_above)) + text
+    folder = tmp_path / "sub"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+    return folder, text
+
+
+def _line_of(text, label):
+    return next(i for i, ln in enumerate(text.splitlines(), 1) if f"TODO({label})" in ln)
+
+
+def test_the_released_files_have_their_holes_and_the_solutions_none():
+    for stage in stages.STAGES:
+        released = holes.find(ROOT / "stages", stage).unfilled
+        assert released, f"{stage.name}: no hole found in the released file"
+        assert all(h.label.startswith("TODO(") for h in released)
+        assert holes.find(ROOT / "solutions", stage).unfilled == []
+
+
+def test_holes_follow_the_learners_edits(tmp_path):
+    folder, text = _partly_done(STAGE3, tmp_path, {"3b"}, lines_above=7)
+    found = holes.find(folder, STAGE3).unfilled
+    assert [(h.label, h.line, h.function) for h in found] == \
+        [("TODO(3b)", _line_of(text, "3b"), "_flash_forward_kernel")]
+    plain, _ = _partly_done(STAGE3, tmp_path / "plain", {"3b"})
+    assert found[0].line == holes.find(plain, STAGE3).unfilled[0].line + 7
+    # the wrapper reaches its kernel; padding_waste does not
+    assert holes.find(folder, STAGE3).reached_by({"flash_attention"}) == found
+    assert holes.find(folder, STAGE3).reached_by({"padding_waste"}) == []
+
+
+def test_a_filled_hole_is_no_longer_one(tmp_path):
+    folder, text = _partly_done(STAGE3, tmp_path, {"3b"})
+    (folder / f"{STAGE3.module}.py").write_text(text.replace("        pass\n\n    # TODO(3c)",
+                                                             "        k = 1\n\n    # TODO(3c)"))
+    assert holes.find(folder, STAGE3).unfilled == []
+
+
+def test_a_kernel_hole_is_todo_with_its_current_line_and_validation_waits(tmp_path):
+    folder, text = _partly_done(STAGE3, tmp_path, {"3b"}, lines_above=5)
+    result = grade_stage(STAGE3, str(folder), only=["unequal_lengths", "padding_waste_values", "bad_input"])
+    got = {r.name: r for r in result.results}
+    line = _line_of(text, "3b")
+    assert got["unequal_lengths"].status == "todo"
+    assert f"TODO(3b) at {STAGE3.module}.py line {line} in _flash_forward_kernel" in got["unequal_lengths"].message
+    assert "hint" not in got["unequal_lengths"].message         # no invented explanation
+    assert got["padding_waste_values"].status == "pass"
+    assert got["bad_input"].status == "todo" and got["bad_input"].earned == 0
+    assert "bad input counts once flash_attention is written" in got["bad_input"].message
+
+
+def test_a_raising_stub_is_todo_at_its_current_line_not_the_released_one(tmp_path):
+    folder, text = _partly_done(STAGE1, tmp_path, {"1c"}, lines_above=3)
+    result = grade_stage(STAGE1, str(folder), only=["softmax_float16", "attention_matches_reference",
+                                                    "attention_bad_input"])
+    got = {r.name: r for r in result.results}
+    assert got["softmax_float16"].status == "pass"
+    assert got["attention_matches_reference"].status == "todo"
+    assert f"TODO(1c) at {STAGE1.module}.py line {_line_of(text, '1c')}" in got["attention_matches_reference"].message
+    assert got["attention_bad_input"].status == "todo" and got["attention_bad_input"].earned == 0
+
+
+def test_an_import_error_is_shown_once(tmp_path):
+    folder, text = _partly_done(STAGE1, tmp_path, set())
+    (folder / f"{STAGE1.module}.py").write_text(text.replace("import math\n", "import math\ndef broken(:\n", 1))
+    result = grade_stage(STAGE1, str(folder))
+    shown = format_result(STAGE1, result)
+    assert result.status == "import error"
+    assert shown.count("SyntaxError") == 1, shown
+    broken = next(i for i, ln in enumerate(text.splitlines(), 1) if ln == "import math") + 1
+    assert f"line {broken}" in shown, shown
