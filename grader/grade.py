@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import holes, release, stages
+from grader import holes, locate, release, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.limits import Limits
 from grader.stages import Stage
@@ -130,9 +130,8 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         if exc.type_name == "NotImplementedError":
             status, message = "todo", exc.message
         else:
-            status = "FAIL"
-            where = _last_frame(exc.tb, runner.stage)
-            message = f"raised {exc.type_name}: {exc.message}" + (f" ({where})" if where else "")
+            status, hint = "FAIL", ""     # the hint is about wrong numbers; the error says what happened
+            message = _error_message(exc, runner)
     except WorkerDied as exc:
         status, message = ("timeout" if exc.timed_out else "crash"), exc.reason
         tail = _crash_context(runner.output_tail(4000), runner.stage)
@@ -172,11 +171,17 @@ def _holes_verdict(check, runner: Runner, called: set[str], status: str, message
     return status, message, hint
 
 
-def _last_frame(tb: str, module: str | None = None) -> str:
-    """The innermost frame of a traceback; with ``module``, the innermost one in the stage file."""
-    lines = [ln.strip() for ln in tb.splitlines() if ln.strip().startswith("File ")]
-    mine = [ln for ln in lines if module and f"{module}.py" in ln]
-    return (mine or lines or [""])[-1]
+def _error_message(exc: LearnerError, runner: Runner) -> str:
+    """What learner code raised, and where in the learner's file: a kernel's own line, not its launch."""
+    try:
+        text = (loader.source_dir(runner.source) / f"{runner.stage}.py").read_text()
+    except (OSError, ValueError, UnicodeDecodeError):
+        text = ""
+    compiled = locate.compile_error(exc.message, text, f"{runner.stage}.py") if text else None
+    if compiled:
+        return compiled
+    where = locate.frame(exc.tb, runner.stage)
+    return f"raised {exc.type_name}: {exc.message}" + (f" ({where})" if where else "")
 
 
 def _crash_context(output: str, module: str) -> str:
@@ -226,7 +231,7 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
                 except ImportFailed as exc:
                     result.status = "import error"
                     msg = f"{path.name} could not be imported: {exc.type_name}: {exc.message}"
-                    where = _last_frame(exc.tb, stage.module)
+                    where = locate.frame(exc.tb, stage.module)
                     msg += f" ({where})" if where else ""
                     tail = _crash_context(runner.output_tail(4000), stage.module) if exc.type_name == "crash" else ""
                     msg += f"; last output: {tail}" if tail else ""

@@ -103,3 +103,35 @@ def test_an_import_error_is_shown_once(tmp_path):
     assert shown.count("SyntaxError") == 1, shown
     broken = next(i for i, ln in enumerate(text.splitlines(), 1) if ln == "import math") + 1
     assert f"line {broken}" in shown, shown
+
+
+def test_a_kernel_error_points_at_the_kernel_line_not_the_launch(tmp_path):
+    text = (ROOT / "solutions" / f"{STAGE3.module}.py").read_text()
+    good = "s = tl.dot(q, tl.trans(k)) * qk_scale"
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / f"{STAGE3.module}.py").write_text(text.replace(good, "s = tl.dot(q, kk) * qk_scale"))
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if good in ln)
+    result = grade_stage(STAGE3, str(folder), only=["unequal_lengths"])
+    message = result.results[0].message
+    assert result.results[0].status == "FAIL"
+    assert f"line {line}, in _flash_forward_kernel: s = tl.dot(q, kk)" in message, message
+    assert "hint" not in message
+
+
+def test_a_gpu_compile_error_is_mapped_to_its_file_line():
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    from grader import locate
+    text = (ROOT / "solutions" / f"{STAGE3.module}.py").read_text()
+    lines = text.splitlines()
+    def_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("def _flash_forward_kernel("))
+    bad = next(i for i, ln in enumerate(lines, 1) if "s = tl.dot(q, tl.trans(k)) * qk_scale" in ln)
+    src = "\n".join(lines[def_line - 1:])                   # Triton's src starts at the def line
+    node = ast.Name(id="k", lineno=bad - def_line + 1, col_offset=8)
+    message = str(CompilationError(src, node, "incompatible dimensions"))
+    got = locate.compile_error(message, text, f"{STAGE3.module}.py")
+    assert got == (f"the kernel does not compile: incompatible dimensions ({STAGE3.module}.py line {bad}, in "
+                   f"_flash_forward_kernel: {lines[bad - 1].strip()})")
