@@ -135,3 +135,29 @@ def test_a_gpu_compile_error_is_mapped_to_its_file_line():
     got = locate.compile_error(message, text, f"{STAGE3.module}.py")
     assert got == (f"the kernel does not compile: incompatible dimensions ({STAGE3.module}.py line {bad}, in "
                    f"_flash_forward_kernel: {lines[bad - 1].strip()})")
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "grader", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_cli_refuses_an_unknown_check_and_lists_the_real_ones():
+    bad = _cli("stage1", "--solutions", "--only", "softmax_float16", "--only", "softmax_fp16")
+    assert bad.returncode == 2
+    assert "no check named 'softmax_fp16'" in bad.stderr and "softmax_float16" in bad.stderr
+    assert "grading" not in bad.stdout                      # nothing ran
+
+
+def test_cli_list_and_stage_help_name_every_check_with_points_and_gpu():
+    listing = _cli("stage3", "--list")
+    assert listing.returncode == 0
+    for c in STAGE3.checks():
+        row = next((ln for ln in listing.stdout.splitlines() if ln.split()[:1] == [c.name]), None)
+        assert (row is not None) != c.hidden, c.name
+        if row:
+            assert row.split()[1] == str(c.points) and ("GPU only" in row) == c.gpu
+    helped = _cli("stage3", "--help")
+    assert helped.returncode == 0 and "stages/stage3_flash_forward.py" in helped.stdout
+    assert all(c.name in helped.stdout for c in STAGE3.checks() if not c.hidden)
