@@ -27,7 +27,14 @@ from grader.worker import LearnerError, WorkerDied
 
 
 class CheckFailed(AssertionError):
-    """A check's verdict: the learner's code is wrong, and the message says how."""
+    """A check's verdict: the learner's code is wrong, and the message says how.
+
+    ``diagnosis`` names the known mistake that explains the numbers (grader/diagnose.py), when one does.
+    """
+
+    def __init__(self, message: str, diagnosis: str = "", also: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.diagnosis, self.also = diagnosis, tuple(also)
 
 
 class CheckSkipped(Exception):
@@ -116,10 +123,16 @@ class Ctx:
     timeout: float = 180.0           # for each learner call
     deadline: float | None = None    # time.monotonic() by which the whole check must be done
     generator: torch.Generator = field(init=False)
+    margins: list = field(init=False)  # (name, error / allowed) of every judgement made: the sweep reads them
 
     def __post_init__(self):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.learner = _Learner(self.runner, self.timeout, self.deadline)
+        self.margins = []
+
+    def _record(self, report: tolerance.Report, name: str) -> None:
+        if report.allowed > 0:
+            self.margins.append((name, report.max_error / report.allowed))
 
     @property
     def called(self) -> set[str]:
@@ -135,8 +148,8 @@ class Ctx:
         return (torch.rand(*shape, generator=self.generator) * (high - low) + low).to(dtype)
 
     # -- judgements -----------------------------------------------------------------------
-    def fail(self, message: str):
-        raise CheckFailed(message)
+    def fail(self, message: str, *, diagnosis: str = ""):
+        raise CheckFailed(message, diagnosis)
 
     def skip(self, reason: str):
         """Stop here and report the check "not run" with ``reason`` (e.g. "nvcc not found")."""
@@ -151,8 +164,47 @@ class Ctx:
         """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance)."""
         report = tolerance.compare(out, ref, baseline, name=name, factor=factor, floor=floor, dims=dims,
                                    row_dim=row_dim, block_m=block_m)
+        self._record(report, name)
         if not report.ok:
             raise CheckFailed(report.message)
+
+    def close_attention(self, o, lse, q, k, v, *, refs, opts=None, what: str, block_m=None, block_n=None) -> None:
+        """Judge ``(o, lse)`` against the float64 reference; when wrong, name the likely mistake first.
+
+        ``refs`` is ``(o_ref, lse_ref, o_pt, lse_pt)``: the float64 reference and plain PyTorch in
+        the input's dtype (the tolerance's baseline); ``opts`` the call's options (causal, window,
+        sink_tokens, sinks, sm_scale) for the diagnosis.
+        """
+        o_ref, lse_ref, o_pt, lse_pt = refs
+        dims = ("b", "h", "i", "d")
+        rep_o = tolerance.compare(o, o_ref, o_pt, name=f"o {what}", dims=dims, row_dim=2, block_m=block_m,
+                                  floor=tolerance.attention_floor(o_ref, lse_ref))
+        rep_l = tolerance.compare(lse, lse_ref, lse_pt, name=f"lse {what}", dims=dims[:3], row_dim=2,
+                                  block_m=block_m)
+        self._record(rep_o, f"o {what}")
+        self._record(rep_l, f"lse {what}")
+        if rep_o.ok and rep_l.ok:
+            return
+        from grader import diagnose
+        found = diagnose.safely(diagnose.attention, o, lse, q, k, v, dict(opts or {}),
+                                allowed=(rep_o.allowed, rep_l.allowed), block_m=block_m, block_n=block_n)
+        numbers = "; ".join(r.message for r in (rep_o, rep_l) if not r.ok)
+        if found:
+            raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause, found.also)
+        raise CheckFailed(numbers)
+
+    def close_softmax(self, out, x, ref, baseline, *, name: str, block=None, dims=("r", "c"), extra=None) -> None:
+        """``close`` for a row softmax of ``x``, naming the likely mistake first when it is wrong."""
+        report = tolerance.compare(out, ref, baseline, name=name, dims=dims)
+        self._record(report, name)
+        if report.ok:
+            return
+        from grader import diagnose
+        found = diagnose.safely(diagnose.softmax, out, x, allowed=report.allowed, block=block)
+        numbers = report.message + (f"; {extra(out)}" if extra else "")
+        if found:
+            raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause)
+        raise CheckFailed(numbers)
 
     def expect_dtype(self, out, dtype, *, name: str) -> None:
         if not isinstance(out, torch.Tensor):

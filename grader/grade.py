@@ -3,8 +3,10 @@
 Statuses, as the table shows them:
 
     pass       the check ran and the code is right
-    FAIL       the code gave a wrong answer (the message says where and usually why)
-    todo       the code raised NotImplementedError: that part is not written yet
+    FAIL       the code gave a wrong answer (its most likely cause first, grader/diagnose.py, then
+               where), or raised an error (at the learner-file line it came from)
+    todo       the code the check ran still has a TODO hole as released (grader/holes.py), wherever
+               it is, or raised NotImplementedError: that part is not written yet
     crash      the worker died (segfault, abort, CUDA error, over its memory or output limit)
                or the stage file failed to import
     timeout    a call ran past the check's time limit, or the stage's time ran out before the check
@@ -43,6 +45,8 @@ class CheckResult:
     message: str = ""
     seconds: float = 0.0
     hidden: bool = False
+    diagnosis: str = ""         # the known mistake that explains a FAIL (grader/diagnose.py), if one does
+    also: list[str] = field(default_factory=list)   # causes these inputs cannot tell from it
 
 
 @dataclass
@@ -115,11 +119,12 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         timeout = limits.check_timeout
         deadline = min(deadline or float("inf"), start + limits.check_timeout)
     ctx = Ctx(runner, seed, timeout=timeout, deadline=deadline)
-    status, message, hint = "pass", "", check.hint
+    status, message, hint, diagnosis, also = "pass", "", "", "", []
     try:
         check.fn(ctx)
     except CheckFailed as exc:
-        status, message = "FAIL", str(exc)
+        status, message, diagnosis, also = "FAIL", str(exc), exc.diagnosis, list(exc.also)
+        hint = _usual_cause(check.hint, message) if not diagnosis else ""
     except CheckSkipped as exc:
         status, message = "not run", str(exc)
     except Misbehaved as exc:
@@ -139,10 +144,19 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
             message += f"; last output: {tail}"
     status, message, hint = _holes_verdict(check, runner, ctx.called, status, message, hint)
     if status not in PASSING + ("not run",) and hint:
-        message += f"\n  hint: {hint}"
+        message += f"\n  {hint}"
     earned = check.points if status in PASSING else 0
     return CheckResult(check.name, check.points, earned, status, message, time.monotonic() - start,
-                       hidden=check.hidden)
+                       hidden=check.hidden, diagnosis=diagnosis if status == "FAIL" else "",
+                       also=also if status == "FAIL" else [])
+
+
+def _usual_cause(hint: str, message: str) -> str:
+    """The check's fixed hint, shown only when no diagnosis fits, as what usually causes it, never as
+    this failure's cause; a hint about NaN only when NaN occurred."""
+    if not hint or ("NaN" in hint and "NaN" not in message):
+        return ""
+    return f"no known mistake matches these numbers exactly; this check usually fails because: {hint}"
 
 
 def _holes_verdict(check, runner: Runner, called: set[str], status: str, message: str, hint: str):
