@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", nargs="?", help="stage to grade: stage1 ..., or several: stage5,stage6 "
                                                  "(omit for progress over all)")
     parser.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
+    parser.add_argument("--fresh", action="store_true", help="progress view: grade every started stage again, "
+                                                             "not from the cache of unchanged ones")
     parser.add_argument("--submission", metavar="DIR", help="grade the stage files in DIR (or DIR/stages) instead")
     parser.add_argument("--notebook", action="store_true", help="also run the stage's notebook with nbval")
     parser.add_argument("--only", action="append", metavar="CHECK",
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from grader import stages
     if args.stage is None:
         from grader.progress import progress
-        return progress(source="solutions" if args.solutions else "stages")
+        return progress(source="solutions" if args.solutions else "stages", use_cache=not args.fresh)
     try:
         chosen = [stages.find(name) for name in args.stage.split(",")]
     except ValueError as exc:

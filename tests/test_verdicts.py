@@ -161,3 +161,24 @@ def test_cli_list_and_stage_help_name_every_check_with_points_and_gpu():
     helped = _cli("stage3", "--help")
     assert helped.returncode == 0 and "stages/stage3_flash_forward.py" in helped.stdout
     assert all(c.name in helped.stdout for c in STAGE3.checks() if not c.hidden)
+
+
+def test_progress_caches_by_content_and_names_the_next_stage(tmp_path, monkeypatch):
+    import io
+
+    from grader import progress
+    monkeypatch.setattr(progress, "CACHE", tmp_path / "cache")
+    folder, text = _partly_done(STAGE1, tmp_path, {"1d"})
+    first, second = io.StringIO(), io.StringIO()
+    assert progress.progress(str(folder), out=first) == 1
+    assert "grading stage1 (9 checks)" in first.getvalue() and "from .grader-cache" not in first.getvalue()
+    assert "next: stage1: fill in what the 4 todo check(s) above name (" in first.getvalue()
+    assert f"notebooks/{STAGE1.notebook}" in first.getvalue()
+    progress.progress(str(folder), out=second)
+    assert "grading stage1" not in second.getvalue() and "1 stage(s) unchanged" in second.getvalue()
+    table = lambda out: [ln for ln in out.getvalue().splitlines() if ln.startswith("  stage1 ")]
+    assert table(first) == table(second)
+    (folder / f"{STAGE1.module}.py").write_text(text + "\n# an edit\n")     # new content: graded again
+    third = io.StringIO()
+    progress.progress(str(folder), out=third)
+    assert "grading stage1" in third.getvalue()
