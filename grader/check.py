@@ -160,13 +160,23 @@ class Ctx:
             raise CheckFailed(message)
 
     def close(self, out, ref, baseline, *, name: str, factor: float = 2.0, floor: float | None = None,
-              dims=None, row_dim=None, block_m=None) -> None:
-        """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance)."""
+              dims=None, row_dim=None, block_m=None, explain=None) -> None:
+        """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance).
+
+        ``explain(allowed)``, when given, names the likely mistake of a wrong ``out`` (a grader.diagnose
+        function bound to the inputs); its cause comes first in the message.
+        """
         report = tolerance.compare(out, ref, baseline, name=name, factor=factor, floor=floor, dims=dims,
                                    row_dim=row_dim, block_m=block_m)
         self._record(report, name)
-        if not report.ok:
-            raise CheckFailed(report.message)
+        if report.ok:
+            return
+        if explain is not None:
+            from grader import diagnose
+            found = diagnose.safely(explain, report.allowed)
+            if found:
+                raise CheckFailed(f"likely cause: {found.message}\n{report.message}", found.cause, found.also)
+        raise CheckFailed(report.message)
 
     def close_attention(self, o, lse, q, k, v, *, refs, opts=None, what: str, block_m=None, block_n=None) -> None:
         """Judge ``(o, lse)`` against the float64 reference; when wrong, name the likely mistake first.

@@ -573,3 +573,48 @@ def softmax(out, x, *, allowed: float, block: int | None = None) -> Diagnosis | 
         if fit is not None and (best is None or fit < best[0]):
             best = (fit, cause, message)
     return Diagnosis(best[1], best[2]) if best else None
+
+
+# -- a weighted row sum (stage 2) ------------------------------------------------------------------
+def _read_as(t, strides):
+    """What a kernel reads addressing 2-D ``t``'s memory with other ``strides``: (values, rows read
+    wholly inside the tensor's storage); elements outside it are unknown (0 here, rows left out)."""
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).double()
+    offsets = (t.storage_offset() + torch.arange(t.shape[0])[:, None] * strides[0]
+               + torch.arange(t.shape[1])[None, :] * strides[1])
+    inside = (offsets >= 0) & (offsets < flat.numel())
+    values = torch.where(inside, flat[offsets.clamp(0, max(flat.numel() - 1, 0))], torch.zeros(()))
+    return values, inside.all(dim=1)
+
+
+def row_sum(out, x, w, *, allowed: float, block: int | None = None) -> Diagnosis | None:
+    """The most likely known mistake behind a wrong ``(x * w).sum(-1)``, or None."""
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape[:1]:
+        return None
+    got, xd, wd = out.detach().double(), x.detach().double(), w.detach().double()
+    ref = (xd * wd).sum(-1)
+    n = x.shape[1]
+    allowed = max(allowed, 1e-12)
+    candidates = []
+    for bn in (block,) if block else (16, 32, 64, 128, 256):
+        blocks = -(-n // bn)
+        for kept, how in (((blocks - 1) * bn, "leaves out the last column block"),
+                          (n // bn * bn, "runs over whole column blocks only, leaving out a partial last one")):
+            if 0 <= kept < n:
+                lost = f"column {kept} is" if kept == n - 1 else f"columns {kept}..{n - 1} are"
+                candidates.append(("row_sum_drops_last_block", f"the loop {how} (blocks of {bn}: {lost} never "
+                                   "added).  Loop over range(0, N, BLOCK_N) and mask the last block",
+                                   (xd[:, :kept] * wd[:kept]).sum(-1), None))
+    for strides, how in (((x.stride(0), 1), "steps along a row with stride 1 instead of stride_xn"),
+                         ((n, x.stride(1)), "starts row r at r * N instead of r * stride_xm")):
+        if strides != tuple(x.stride()):
+            values, rows = _read_as(x, strides)
+            candidates.append(("wrong_strides", f"x is read with the wrong strides: the kernel {how}, true only "
+                               f"for a contiguous x (x here has strides {tuple(x.stride())})",
+                               (values * wd).sum(-1), rows))
+    best = None
+    for cause, message, var, rows in candidates:
+        fit = _fits(got, got, var, None, ref, ref, (allowed, allowed), rows)
+        if fit is not None and (best is None or fit < best[0]):
+            best = (fit, cause, message)
+    return Diagnosis(best[1], best[2]) if best else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from grader import diagnose
 from grader.check import check
 from kernels import reference, runtime
 
@@ -79,7 +80,8 @@ def _wrs_close(ctx, x, w, *, label, block_n=None):
     out = ctx.learner.weighted_row_sum(x, w, **kwargs)
     name = f"weighted_row_sum, x {tuple(x.shape)} {label}"
     ctx.expect_dtype(out, torch.float32, name=f"{name} (the sum is returned in float32)")
-    ctx.close(out, ref, base, name=name, dims=("r",), floor=_wrs_floor(x, w))
+    ctx.close(out, ref, base, name=name, dims=("r",), floor=_wrs_floor(x, w),
+              explain=lambda allowed: diagnose.row_sum(out, x, w, allowed=allowed, block=block_n))
     return out
 
 
