@@ -182,3 +182,15 @@ def test_progress_caches_by_content_and_names_the_next_stage(tmp_path, monkeypat
     third = io.StringIO()
     progress.progress(str(folder), out=third)
     assert "grading stage1" in third.getvalue()
+
+
+def test_without_solutions_a_todo_above_a_stub_is_a_hole(tmp_path):
+    # A learner's bundle has no solutions/: holes are then TODO comments right above a stub release writes.
+    name = f"{STAGE3.module}.py"
+    text = (ROOT / "stages" / name).read_text()
+    with_solutions = [label for label, _ in holes.unfilled_in(text, name)]
+    without = holes.unfilled_in(text, name, solutions=tmp_path / "no-solutions")
+    assert [label for label, _ in without] == with_solutions == ["TODO(3d)", "TODO(3a)", "TODO(3b)", "TODO(3c)"]
+    assert [line for _, line in without] == [_line_of(text, x) for x in ("3d", "3a", "3b", "3c")]
+    filled = text.replace("        pass\n\n    # TODO(3c)", "        acc += 1\n\n    # TODO(3c)")
+    assert "TODO(3b)" not in [label for label, _ in holes.unfilled_in(filled, name, solutions=tmp_path / "none")]
