@@ -10,6 +10,7 @@ tolerances are exactly the grader's.
     python -m grader sweep stage3 --seeds 200               seeds 0..199
     python -m grader sweep stage1,stage2 --seeds 1000 --first-seed 5000
     python -m grader sweep stage3 --seed 1835936174 --only head_dims_padded
+    python -m grader sweep stage5 --seeds 1000 --jobs 16    seeds dealt out to 16 processes
 """
 
 from __future__ import annotations
@@ -99,6 +100,35 @@ def sweep(stage, seeds, *, only=None, progress=None) -> dict[str, Margin]:
     return found
 
 
+def _sweep_part(stage_name: str, seeds: list[int], only) -> dict[str, Margin]:
+    return sweep(stages.find(stage_name), seeds, only=only)
+
+
+def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None) -> dict[str, Margin]:
+    """``sweep`` with the seeds dealt out to ``jobs`` processes (spawned: each imports torch afresh)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    seeds = list(seeds)
+    parts = [seeds[i::jobs] for i in range(jobs) if seeds[i::jobs]]
+    found: dict[str, Margin] = {}
+    with ProcessPoolExecutor(len(parts), mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_sweep_part, stage.name, part, only) for part in parts]
+        done = 0
+        for future in as_completed(futures):
+            for name, m in future.result().items():
+                total = found.setdefault(name, Margin(name))
+                total.runs += m.runs
+                total.failures += m.failures
+                total.margins += m.margins
+                if m.worst_seed is not None and (total.worst_seed is None or m.worst > total.worst):
+                    total.worst, total.worst_seed, total.worst_what = m.worst, m.worst_seed, m.worst_what
+            done += 1
+            if progress:
+                progress(sum(len(p) for p in parts[:done]), "")
+    order = [c.name for c in stage.checks()]
+    return {name: found[name] for name in order if name in found}
+
+
 def format_table(stage, found: dict[str, Margin], seconds: float) -> str:
     seeds = max((m.runs for m in found.values()), default=0)
     width = max([len(name) for name in found] + [5])
@@ -126,6 +156,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, action="append", help="exactly these seeds (repeatable)")
     parser.add_argument("--only", action="append", metavar="CHECK", help="only this check (repeatable)")
     parser.add_argument("--json", metavar="FILE", help="also write every check's margins there")
+    parser.add_argument("--jobs", type=int, default=1, help="processes to deal the seeds out to (CPU: one per "
+                                                            "core; a GPU is best left to one)")
     args = parser.parse_args(argv)
     if not (loader.ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/: there is no reference to sweep", file=sys.stderr)
@@ -150,7 +182,10 @@ def main(argv: list[str]) -> int:
             print(f"\r{stage.name}: seed {done}/{len(seeds)} ({seed}), {time.monotonic() - start:.0f} s",
                   end="", file=sys.stderr, flush=True)
 
-        found = sweep(stage, seeds, only=args.only, progress=progress)
+        if args.jobs > 1:
+            found = sweep_parallel(stage, seeds, jobs=args.jobs, only=args.only, progress=progress)
+        else:
+            found = sweep(stage, seeds, only=args.only, progress=progress)
         print(file=sys.stderr)
         print(format_table(stage, found, time.monotonic() - start))
         ok = ok and not any(m.failures for m in found.values())

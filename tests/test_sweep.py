@@ -25,3 +25,13 @@ def test_stage3_padded_head_dims_pass_the_seed_that_once_failed():
     found = sweep(stages.find("stage3"), [1835936174, 0, 1], only=["head_dims_padded"])
     _assert_margins(found)
     assert found["head_dims_padded"].runs == 3 and found["head_dims_padded"].worst > 0
+
+
+def test_a_parallel_sweep_finds_what_a_serial_one_does():
+    from grader.sweep import sweep_parallel
+    stage = stages.find("stage1")
+    serial = sweep(stage, range(2), only=["attention_lse_and_scale", "softmax_float16"])
+    parallel = sweep_parallel(stage, range(2), jobs=2, only=["attention_lse_and_scale", "softmax_float16"])
+    assert list(parallel) == list(serial)
+    for name, m in serial.items():
+        assert (parallel[name].runs, parallel[name].worst, parallel[name].worst_seed) == (m.runs, m.worst, m.worst_seed)
