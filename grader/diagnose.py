@@ -497,6 +497,24 @@ def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], bloc
     return Diagnosis(cause, message, tuple(twins))
 
 
+def explain_attention(o, lse, q, k, v, *, block_m=None, block_n=None, **opts) -> str:
+    """For notebooks' check cells: "likely cause: ..." for a wrong (o, lse), or "" when no known mistake fits.
+
+    The tolerance is the grader's (PyTorch's own error in this dtype, the attention floor); tensors may
+    live on any device.
+    """
+    from kernels import reference, tolerance
+    cpu = lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t
+    o, lse, q, k, v = map(cpu, (o, lse, q, k, v))
+    opts = {key: cpu(val) for key, val in opts.items()}
+    o_ref, lse_ref = reference.attention(q, k, v, **opts)
+    o_pt, lse_pt = reference.attention(q, k, v, **opts, compute_dtype=tolerance.baseline_dtype(q.dtype))
+    allowed = (tolerance.allowed(o_ref, o_pt, floor=tolerance.attention_floor(o_ref, lse_ref)),
+               tolerance.allowed(lse_ref, lse_pt))
+    found = safely(attention, o, lse, q, k, v, opts, allowed=allowed, block_m=block_m, block_n=block_n)
+    return f"likely cause: {found.message}" if found else ""
+
+
 def _row_max(q, k, scale, vis, sinks):
     """Each row's max scaled score over its visible keys (and the sink): the m of the online softmax."""
     qd, kd = q.detach().double(), k.detach().double()

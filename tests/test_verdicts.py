@@ -194,3 +194,26 @@ def test_without_solutions_a_todo_above_a_stub_is_a_hole(tmp_path):
     assert [line for _, line in without] == [_line_of(text, x) for x in ("3d", "3a", "3b", "3c")]
     filled = text.replace("        pass\n\n    # TODO(3c)", "        acc += 1\n\n    # TODO(3c)")
     assert "TODO(3b)" not in [label for label, _ in holes.unfilled_in(filled, name, solutions=tmp_path / "none")]
+
+
+def test_notebooks_get_the_graders_diagnosis(tmp_path):
+    import importlib.util
+
+    import torch
+
+    from grader import diagnose, mutants
+    from kernels import loader
+    stage = stages.find("stage5")
+    spec = importlib.util.spec_from_file_location("wrong5", ROOT / "tests" / "wrong" / "stage5.py")
+    wrong = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wrong)
+    mutant = next(m for m in wrong.MUTANTS if m.name == "top_left_alignment")
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 2, 17, 32, generator=g), torch.randn(1, 2, 129, 32, generator=g), \
+        torch.randn(1, 2, 129, 32, generator=g)
+    for folder, expected in ((mutants.build(stage, mutant, tmp_path / "wrong"), "causal diagonal is aligned top-left"),
+                             (ROOT / "solutions", None)):
+        module = loader.load_file(folder / f"{stage.module}.py")
+        o, lse = module.flash_attention(q, k, v, causal=True, block_m=16, block_n=32)
+        cause = diagnose.explain_attention(o, lse, q, k, v, block_m=16, block_n=32, causal=True)
+        assert (expected in cause) if expected else cause == "", cause
