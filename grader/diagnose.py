@@ -276,6 +276,210 @@ def _window_at_row(nq, nk, window, sink_tokens):
     return (kj > qi - window) | (kj < sink_tokens)
 
 
+@dataclass
+class _Case:
+    """One failing call, as the variants need it: inputs, options, the mask, and where the error shows."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scale: float
+    given_scale: float | None
+    vis: torch.Tensor           # (Nq, Nk) bool: the right mask
+    causal: bool
+    window: int | None
+    sink_tokens: int
+    sinks: torch.Tensor | None
+    block_m: int | None
+    block_n: int | None
+    at: str                     # "b=0, head 1, row 5 (query block 0)": the worst error
+    o_ref: torch.Tensor
+    lse_ref: torch.Tensor
+
+    @property
+    def shape(self):
+        return (*self.q.shape, self.k.shape[1], self.k.shape[2])    # B, Hq, Nq, D, Hkv, Nk
+
+    def attend(self, **change):
+        """The float64 attention of this call with ``change`` made (another mask, scale, q, ...)."""
+        args = dict(q=self.q, k=self.k, v=self.v, scale=self.scale, visible=self.vis, sinks=self.sinks) | change
+        return _attend(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+    def tiles(self):
+        return f"tiles {self.block_m}x{self.block_n}; at {self.at}"
+
+
+def _base_and_scale(c: _Case):
+    """lse in the wrong base, o not normalised, another softmax scale."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    m_row = _row_max(c.q, c.k, c.scale, c.vis, c.sinks)
+    l_row = torch.exp(c.lse_ref - torch.where(torch.isinf(m_row), torch.zeros_like(m_row), m_row))
+    yield ("lse_log2", f"lse is in base 2: it is the reference x log2(e) = 1.4427 x (at {c.at}).  lse must be the "
+           "natural log: with scores in base 2 (exp2), store (m_i + log2(l_i)) * ln(2)", (c.o_ref, c.lse_ref * LOG2E))
+    yield ("lse_log2", f"lse mixes bases: it is m + log2(l) with m natural (at {c.at}).  Use the natural log: "
+           "lse = m + log(l)", (c.o_ref, m_row + torch.log2(l_row)))
+    yield ("o_not_normalised", f"o is not divided by the softmax sum: it equals acc = o x l (at {c.at}).  Divide "
+           "acc by l_i before storing o", (c.o_ref * l_row[..., None], c.lse_ref))
+    scales = {"1/D": 1.0 / D, "1": 1.0, "sm_scale x log2(e) with exp, not exp2": c.scale * LOG2E,
+              "sm_scale without log2(e) while using exp2": c.scale * LN2}
+    pad = 1 << (D - 1).bit_length()
+    if pad != D:
+        scales[f"1/sqrt({pad}), the padded head dim"] = 1.0 / math.sqrt(pad)
+    if c.given_scale is not None:
+        scales[f"the default 1/sqrt(D), not the sm_scale={c.given_scale:g} passed in"] = 1.0 / math.sqrt(D)
+    for name, other in scales.items():
+        if abs(other - c.scale) > 1e-9 * c.scale:    # its lse is off in a way of its own: o alone is compared
+            yield ("wrong_scale", f"the output is attention with softmax scale {name} = {other:.4g} instead of "
+                   f"{c.scale:.4g} (at {c.at}).  Scores are sm_scale * q.k (sm_scale = 1/sqrt(D) unless given); with "
+                   "exp2, fold log2(e) into that scale once", (c.attend(scale=other)[0], None))
+
+
+def _layout(c: _Case):
+    """Padding columns read without the head-dim mask; a tensor read with the wrong strides."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    pad = 1 << (D - 1).bit_length()
+    if pad != D and c.q.is_contiguous() and c.k.is_contiguous() and B * Hq > 1:
+        rest = torch.ones(B, Hq, dtype=torch.bool)
+        rest[-1, -1] = False               # the last head reads past the tensor: what is there is unknown
+        yield ("padding_columns_unmasked", f"the padding columns {D}..{pad - 1} of q and k are loaded without the "
+               f"head-dim mask, so they hold the next row's numbers and add to q.k (at {c.at}).  Load with "
+               "mask=... & (offs_d < HEAD_DIM)[None, :], other=0.0",
+               c.attend(q=_unmasked_columns(c.q, pad), k=_unmasked_columns(c.k, pad)), rest)
+    named = {"q": c.q, "k": c.k, "v": c.v}
+    for name, t in named.items():
+        tries = [(f"{name} is read with {other}'s row stride (stride_{other}n)", _restrided(t, t2.stride(2)))
+                 for other, t2 in named.items() if other != name]
+        tries.append((f"{name} is read as if it were contiguous, not with its own strides",
+                      _restrided(t, contiguous=True)))
+        for how, wrong in tries:
+            if wrong is not None:
+                yield ("wrong_strides", f"{how} (at {c.at}).  Address every tensor with its own strides",
+                       c.attend(**{name: wrong}))
+
+
+def _masks(c: _Case):
+    """The causal diagonal, the window, the sinks and the GQA head mapping, each misplaced."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    if c.causal:
+        kw = dict(causal=True, window=c.window, sink_tokens=c.sink_tokens)
+        if Nq != Nk:
+            yield ("causal_top_left", f"the causal diagonal is aligned top-left (query i sees keys j <= i); the "
+                   f"workbook aligns it bottom-right: j <= i + (N_K - N_Q) = i + {Nk - Nq} (at {c.at})",
+                   c.attend(visible=_visible(Nq, Nk, top_left=True, **kw)))
+        yield ("causal_off_by_one", f"the causal mask hides each row's own key (j < i + shift instead of "
+               f"j <= i + shift) (at {c.at})", c.attend(visible=_visible(Nq, Nk, shift=-1, **kw)))
+        yield ("causal_off_by_one", f"the causal mask lets each row see one key too many, the next one "
+               f"(j <= i + shift + 1) (at {c.at})", c.attend(visible=_visible(Nq, Nk, shift=1, **kw)))
+        yield ("mask_leak", f"the output is attention without the causal mask: rows see keys in their future "
+               f"(at {c.at})", c.attend(visible=torch.ones(Nq, Nk, dtype=torch.bool)))
+    if c.window is not None:
+        yield ("mask_leak", f"the output ignores the window (keys that left it still count; at {c.at}).  Mask keys "
+               "with j <= i' - W in the blocks at the window's far edge", c.attend(visible=_visible(Nq, Nk, causal=True)))
+        for w, how in ((c.window + 1, "W + 1 keys (j >= i' - W instead of j > i' - W)"),
+                       (c.window - 1, "W - 1 keys (the far edge is one key short)")):
+            if w >= 1:
+                yield ("window_off_by_one", f"the window keeps {how} (at {c.at})",
+                       c.attend(visible=_visible(Nq, Nk, causal=True, window=w, sink_tokens=c.sink_tokens)))
+        if Nq != Nk:
+            yield ("window_top_left", f"the window is placed at the row index i instead of its diagonal "
+                   f"i' = i + (N_K - N_Q) (at {c.at})",
+                   c.attend(visible=_window_at_row(Nq, Nk, c.window, c.sink_tokens) & _visible(Nq, Nk, causal=True)))
+        if c.sink_tokens:
+            yield ("sink_tokens_hidden", f"the first {c.sink_tokens} keys (the sink tokens) are hidden from rows "
+                   f"whose window has moved past them; they stay visible to every row (at {c.at})",
+                   c.attend(visible=_visible(Nq, Nk, causal=True, window=c.window)))
+    if c.sinks is not None:
+        yield ("sinks_ignored", f"the learned sinks are left out: the output is attention without them (at {c.at}).  "
+               "Each row's sum starts at exp(sinks[h]) (start m at sinks[h] in base 2 and l at 1)",
+               c.attend(sinks=None))
+        yield ("sinks_sign", f"the sink adds exp(-sinks[h]) to the sum instead of exp(sinks[h]) (at {c.at})",
+               c.attend(sinks=-c.sinks))
+        yield ("sinks_base", f"the sink logit is used in base 2 without converting it: the sum gets 2^sinks[h] "
+               f"instead of e^sinks[h]; multiply it by log2(e) first (at {c.at})", c.attend(sinks=c.sinks * LN2))
+    if Hkv not in (1, Hq):
+        yield ("gqa_head_mapping", f"query heads use the wrong K/V head: h % Hkv instead of h // (Hq // Hkv) "
+               f"(Hq={Hq}, Hkv={Hkv}; at {c.at}).  A group is {Hq // Hkv} consecutive query heads",
+               c.attend(head_map=torch.arange(Hq) % Hkv))
+
+
+def _tiles(c: _Case):
+    """The tiles a diagonal or a window's edge cuts (the masked phase of the loop), mishandled."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    if not (c.causal and c.block_m and c.block_n):
+        return
+    full, partial = _tile_state(c.vis, c.block_m, c.block_n)
+    if bool(partial.any()):
+        yield ("masked_tiles_dropped", f"the keys of the tiles that need a mask (the diagonal band, a window's "
+               f"edge) are left out: only whole visible tiles count ({c.tiles()}).  Run the masked phase over those "
+               "tiles too", c.attend(visible=c.vis & full[:, :Nk]))
+        yield ("masked_tiles_unmasked", f"the tiles that need a mask run without it: every key of the diagonal "
+               f"band's tiles counts, the future ones and the padding past N_K too ({c.tiles()}).  Mask "
+               "j <= i + (N_K - N_Q) in those tiles", c.attend(visible=c.vis | partial[:, :Nk],
+                                                               pad_keys=partial.shape[1] - Nk,
+                                                               pad_visible=partial[:, Nk:]))
+    if c.window is None:
+        return
+    causal_full, _ = _tile_state(_visible(Nq, Nk, causal=True), c.block_m, c.block_n)
+    far = (partial & causal_full)[:, :Nk]          # tiles cut by the window's far edge only
+    visited = (full | partial)[:, :Nk]
+    causal = _visible(Nq, Nk, causal=True)
+    if Nq != Nk:
+        yield ("window_top_left", f"the window's mask is placed at the row index i instead of its diagonal "
+               f"i' = i + (N_K - N_Q), in the key blocks the loop loads ({c.tiles()})",
+               c.attend(visible=_window_at_row(Nq, Nk, c.window, c.sink_tokens) & causal & visited))
+    yield ("window_mask_missing", f"the window's mask is never applied: in the key blocks it loads, a row sees "
+           f"every key up to its own, also those that left the window ({c.tiles()}).  Mask j > i' - W as well as "
+           "j <= i'", c.attend(visible=causal & visited))
+    if c.sink_tokens:
+        w_vis = _visible(Nq, Nk, causal=True, window=c.window)
+        first = torch.where(w_vis.any(dim=1), w_vis.float().argmax(dim=1), torch.full((Nq,), Nk))
+        lo = torch.stack([first[i:i + c.block_m].min() for i in range(0, Nq, c.block_m)]) // c.block_n
+        row_lo = lo.repeat_interleave(c.block_m)[:Nq, None]
+        yield ("sink_blocks_skipped", f"the key blocks of the sink tokens are never visited: rows whose window has "
+               f"moved past them lose the first {c.sink_tokens} keys ({c.tiles()}).  Loop over the sink tokens' "
+               "blocks as well as the window's",
+               c.attend(visible=c.vis & (torch.arange(Nk)[None, :] // c.block_n >= row_lo)))
+    if bool(far.any()):
+        yield ("window_edge_unmasked", f"the tiles at the window's far edge run without the window's mask: keys "
+               f"that left the window still count there ({c.tiles()}).  Mask j > i' - W in the tiles the window's "
+               "edge cuts", c.attend(visible=c.vis | far))
+        yield ("window_edge_tile_dropped", f"the tile at the window's far edge is skipped: its keys that are still "
+               f"inside the window are lost (the first key block is rounded up instead of down; {c.tiles()})",
+               c.attend(visible=c.vis & ~far))
+
+
+def _key_blocks(c: _Case, heavy: bool):
+    """The last, partial key block mishandled; the online softmax's rescale left out."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    blocks = (c.block_n,) if c.block_n else tuple(b for b in _BLOCKS if b < 2 * max(Nk, 16))
+    for bn in blocks:
+        tail = Nk % bn
+        if not tail:
+            continue
+        last = (f"key {Nk - 1}" if tail == 1 else f"keys {Nk - tail}..{Nk - 1}") + f", the partial last key block of {bn}"
+        dropped = c.vis.clone()
+        dropped[:, Nk - tail:] = False
+        yield ("drops_last_key_block", f"the output leaves out {last}: the loop must run over every key block, "
+               f"range(0, N_K, BLOCK_N) (at {c.at})", c.attend(visible=dropped))
+        if not c.causal:
+            yield ("keys_past_nk", f"keys past N_K={Nk} count: the {bn - tail} padding lanes of the last key block "
+                   f"(keys {Nk}..{Nk - tail + bn - 1}) score 0 instead of -inf and join the softmax sum (at {c.at}).  "
+                   "Set s to -inf where cols >= N_K before the row max", c.attend(pad_keys=bn - tail))
+    if heavy:
+        return
+    for bn in blocks:
+        if Nk <= bn:
+            continue
+        kw = dict(scale=c.scale, visible=c.vis, sinks=c.sinks, block_n=bn)
+        yield ("acc_not_rescaled", f"acc is not rescaled when the running max grows: acc = acc * alpha + p @ v, "
+               f"alpha = exp(m_old - m_new) (key blocks of {bn}; the error shows in rows whose max arrives after "
+               f"key block 0, e.g. {c.at})", _tiled(c.q, c.k, c.v, rescale_acc=False, **kw))
+        yield ("l_not_rescaled", f"l is not rescaled when the running max grows: l = l * alpha + rowsum(p) (key "
+               f"blocks of {bn}; at {c.at})", _tiled(c.q, c.k, c.v, rescale_l=False, **kw))
+        yield ("no_rescale", f"neither l nor acc is rescaled when the running max grows: multiply both by alpha = "
+               f"exp(m_old - m_new) (key blocks of {bn}; at {c.at})",
+               _tiled(c.q, c.k, c.v, rescale_acc=False, rescale_l=False, **kw))
+
+
 def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], block_m=None,
               block_n=None) -> Diagnosis | None:
     """The most likely known mistake behind a wrong ``(o, lse)``, or None when none explains it."""
@@ -286,7 +490,7 @@ def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], bloc
     causal, window = bool(opts.get("causal")), opts.get("window")
     sink_tokens, sinks = opts.get("sink_tokens") or 0, opts.get("sinks")
     B, Hq, Nq, D = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    Nk = k.shape[2]
     given_scale = opts.get("sm_scale")
     scale = given_scale if given_scale is not None else 1.0 / math.sqrt(D)
     vis = masks.materialize(masks.attention_mask(Nq, Nk, causal=causal, window=window, sink_tokens=sink_tokens),
@@ -300,186 +504,14 @@ def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], bloc
     allowed = (max(allowed[0], 1e-12), max(allowed[1], 1e-12))
     idx = _worst(o, o_ref) if _max_gap(o, o_ref) / allowed[0] >= _max_gap(lse, lse_ref) / allowed[1] \
         else _worst(lse, lse_ref)
-    at = _where(idx, block_m)
+    case = _Case(q, k, v, scale, given_scale, vis, causal, window, sink_tokens, sinks, block_m, block_n,
+                 _where(idx, block_m), o_ref, lse_ref)
     heavy = B * Hq * Nq * Nk > _DENSE_LIMIT
-    blocks = (block_n,) if block_n else tuple(b for b in _BLOCKS if b < 2 * max(Nk, 16))
-
-    candidates = []                       # (cause, message, variant o, variant lse, heads compared)
-
-    def add(cause, message, var, *, lse_too=True, heads=None):
-        candidates.append((cause, message, var[0], var[1] if lse_too else None, heads))
-
-    # the log-sum-exp in the wrong base
-    m_row = _row_max(q, k, scale, vis, sinks)
-    l_row = torch.exp(lse_ref - torch.where(torch.isinf(m_row), torch.zeros_like(m_row), m_row))
-    add("lse_log2", f"lse is in base 2: it is the reference x log2(e) = 1.4427 x (at {at}).  lse must be the "
-        "natural log: with scores in base 2 (exp2), store (m_i + log2(l_i)) * ln(2)", (o_ref, lse_ref * LOG2E))
-    add("lse_log2", f"lse mixes bases: it is m + log2(l) with m natural (at {at}).  Use the natural log: "
-        "lse = m + log(l)", (o_ref, m_row + torch.log2(l_row)))
-    add("o_not_normalised", f"o is not divided by the softmax sum: it equals acc = o x l (at {at}).  Divide "
-        "acc by l_i before storing o", (o_ref * l_row[..., None], lse_ref))
-    # the softmax scale
-    scales = {"1/D": 1.0 / D, "1": 1.0, "sm_scale x log2(e) with exp, not exp2": scale * LOG2E,
-              "sm_scale without log2(e) while using exp2": scale * LN2}
-    pad = 1 << (D - 1).bit_length()
-    if pad != D:
-        scales[f"1/sqrt({pad}), the padded head dim"] = 1.0 / math.sqrt(pad)
-    if given_scale is not None:
-        scales[f"the default 1/sqrt(D), not the sm_scale={given_scale:g} passed in"] = 1.0 / math.sqrt(D)
-    for name, other in scales.items():
-        if abs(other - scale) > 1e-9 * scale:
-            add("wrong_scale", f"the output is attention with softmax scale {name} = {other:.4g} instead of "
-                f"{scale:.4g} (at {at}).  Scores are sm_scale * q.k (sm_scale = 1/sqrt(D) unless given); with exp2, "
-                "fold log2(e) into that scale once", _attend(q, k, v, scale=other, visible=vis, sinks=sinks),
-                lse_too=False)
-    # the padding columns of a head dim that is not a power of two
-    if pad != D and q.is_contiguous() and k.is_contiguous() and B * Hq > 1:
-        rest = torch.ones(B, Hq, dtype=torch.bool)
-        rest[-1, -1] = False               # the last head reads past the tensor: what is there is unknown
-        add("padding_columns_unmasked", f"the padding columns {D}..{pad - 1} of q and k are loaded without the "
-            f"head-dim mask, so they hold the next row's numbers and add to q.k (at {at}).  Load with "
-            "mask=... & (offs_d < HEAD_DIM)[None, :], other=0.0",
-            _attend(_unmasked_columns(q, pad), _unmasked_columns(k, pad), v, scale=scale, visible=vis, sinks=sinks),
-            heads=rest)
-    # strides
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        others = [(n2, t2.stride(2)) for n2, t2 in (("q", q), ("k", k), ("v", v)) if n2 != name]
-        tries = [(f"{name} is read with {n2}'s row stride (stride_{n2}n)", _restrided(t, st)) for n2, st in others]
-        tries.append((f"{name} is read as if it were contiguous, not with its own strides",
-                      _restrided(t, contiguous=True)))
-        for how, wrong in tries:
-            if wrong is not None:
-                args = {"q": q, "k": k, "v": v, name: wrong}
-                add("wrong_strides", f"{how} (at {at}).  Address every tensor with its own strides",
-                    _attend(args["q"], args["k"], args["v"], scale=scale, visible=vis, sinks=sinks))
-    # the mask
-    if causal:
-        kw = dict(causal=True, window=window, sink_tokens=sink_tokens)
-        if Nq != Nk:
-            add("causal_top_left", f"the causal diagonal is aligned top-left (query i sees keys j <= i); the "
-                f"workbook aligns it bottom-right: j <= i + (N_K - N_Q) = i + {Nk - Nq} (at {at})",
-                _attend(q, k, v, scale=scale, visible=_visible(Nq, Nk, top_left=True, **kw), sinks=sinks))
-        add("causal_off_by_one", f"the causal mask hides each row's own key (j < i + shift instead of "
-            f"j <= i + shift) (at {at})", _attend(q, k, v, scale=scale, visible=_visible(Nq, Nk, shift=-1, **kw),
-                                                  sinks=sinks))
-        add("causal_off_by_one", f"the causal mask lets each row see one key too many, the next one "
-            f"(j <= i + shift + 1) (at {at})",
-            _attend(q, k, v, scale=scale, visible=_visible(Nq, Nk, shift=1, **kw), sinks=sinks))
-        add("mask_leak", f"the output is attention without the causal mask: rows see keys in their future "
-            f"(at {at})", _attend(q, k, v, scale=scale, visible=torch.ones(Nq, Nk, dtype=torch.bool), sinks=sinks))
-    if window is not None:
-        add("mask_leak", f"the output ignores the window (keys that left it still count; at {at}).  Mask keys with "
-            "j <= i' - W in the blocks at the window's far edge",
-            _attend(q, k, v, scale=scale, visible=_visible(Nq, Nk, causal=True), sinks=sinks))
-        for w, how in ((window + 1, "W + 1 keys (j >= i' - W instead of j > i' - W)"),
-                       (window - 1, "W - 1 keys (the far edge is one key short)")):
-            if w >= 1:
-                add("window_off_by_one", f"the window keeps {how} (at {at})",
-                    _attend(q, k, v, scale=scale, visible=_visible(Nq, Nk, causal=True, window=w,
-                                                                   sink_tokens=sink_tokens), sinks=sinks))
-        if Nq != Nk:
-            add("window_top_left", f"the window is placed at the row index i instead of its diagonal "
-                f"i' = i + (N_K - N_Q) (at {at})",
-                _attend(q, k, v, scale=scale, visible=_window_at_row(Nq, Nk, window, sink_tokens) &
-                        _visible(Nq, Nk, causal=True), sinks=sinks))
-        if sink_tokens:
-            add("sink_tokens_hidden", f"the first {sink_tokens} keys (the sink tokens) are hidden from rows whose "
-                f"window has moved past them; they stay visible to every row (at {at})",
-                _attend(q, k, v, scale=scale, visible=_visible(Nq, Nk, causal=True, window=window), sinks=sinks))
-    if sinks is not None:
-        add("sinks_ignored", f"the learned sinks are left out: the output is attention without them (at {at}).  "
-            "Each row's sum starts at exp(sinks[h]) (start m at sinks[h] in base 2 and l at 1)",
-            _attend(q, k, v, scale=scale, visible=vis))
-        add("sinks_sign", f"the sink adds exp(-sinks[h]) to the sum instead of exp(sinks[h]) (at {at})",
-            _attend(q, k, v, scale=scale, visible=vis, sinks=-sinks))
-        add("sinks_base", f"the sink logit is used in base 2 without converting it: the sum gets 2^sinks[h] "
-            f"instead of e^sinks[h]; multiply it by log2(e) first (at {at})",
-            _attend(q, k, v, scale=scale, visible=vis, sinks=sinks * LN2))
-    # GQA
-    if Hkv not in (1, Hq):
-        add("gqa_head_mapping", f"query heads use the wrong K/V head: h % Hkv instead of h // (Hq // Hkv) "
-            f"(Hq={Hq}, Hkv={Hkv}; at {at}).  A group is {Hq // Hkv} consecutive query heads",
-            _attend(q, k, v, scale=scale, visible=vis, sinks=sinks, head_map=torch.arange(Hq) % Hkv))
-    # the tiles the diagonal (or a window's edge) cuts: the masked phase of the loop
-    if causal and block_m and block_n:
-        full, partial = _tile_state(vis, block_m, block_n)
-        if bool(partial.any()):
-            add("masked_tiles_dropped", f"the keys of the tiles that need a mask (the diagonal band, a window's "
-                f"edge) are left out: only whole visible tiles count (tiles {block_m}x{block_n}; at {at}).  Run the "
-                "masked phase over those tiles too", _attend(q, k, v, scale=scale, visible=vis & full[:, :Nk],
-                                                                sinks=sinks))
-            extra = partial.shape[1] - Nk
-            add("masked_tiles_unmasked", f"the tiles that need a mask run without it: every key of the diagonal "
-                f"band's tiles counts, the future ones and the padding past N_K too (tiles {block_m}x{block_n}; "
-                f"at {at}).  Mask j <= i + (N_K - N_Q) in those tiles",
-                _attend(q, k, v, scale=scale, visible=(vis | partial[:, :Nk]), sinks=sinks, pad_keys=extra,
-                        pad_visible=partial[:, Nk:]))
-    if window is not None and block_m and block_n:
-        full, partial = _tile_state(vis, block_m, block_n)
-        causal_full, _ = _tile_state(_visible(Nq, Nk, causal=True), block_m, block_n)
-        far = (partial & causal_full)[:, :Nk]     # tiles cut by the window's far edge only
-        visited = (full | partial)[:, :Nk]
-        if Nq != Nk:
-            add("window_top_left", f"the window's mask is placed at the row index i instead of its diagonal "
-                f"i' = i + (N_K - N_Q), in the key blocks the loop loads (tiles {block_m}x{block_n}; at {at})",
-                _attend(q, k, v, scale=scale, visible=_window_at_row(Nq, Nk, window, sink_tokens)
-                        & _visible(Nq, Nk, causal=True) & visited, sinks=sinks))
-        add("window_mask_missing", f"the window's mask is never applied: in the key blocks it loads, a row sees "
-            f"every key up to its own, also those that left the window (tiles {block_m}x{block_n}; at {at}).  Mask "
-            "j > i' - W as well as j <= i'", _attend(q, k, v, scale=scale, visible=_visible(Nq, Nk, causal=True) &
-                                                   visited, sinks=sinks))
-        if sink_tokens:
-            w_vis = _visible(Nq, Nk, causal=True, window=window)
-            first = torch.where(w_vis.any(dim=1), w_vis.float().argmax(dim=1), torch.full((Nq,), Nk))
-            lo = torch.stack([first[i:i + block_m].min() for i in range(0, Nq, block_m)]) // block_n
-            key_block = torch.arange(Nk)[None, :] // block_n
-            row_lo = lo.repeat_interleave(block_m)[:Nq, None]
-            add("sink_blocks_skipped", f"the key blocks of the sink tokens are never visited: rows whose window "
-                f"has moved past them lose the first {sink_tokens} keys (tiles {block_m}x{block_n}; at {at}).  Loop "
-                "over the sink tokens' blocks as well as the window's", _attend(q, k, v, scale=scale,
-                                                                              visible=vis & (key_block >= row_lo),
-                                                                              sinks=sinks))
-        if bool(far.any()):
-            add("window_edge_unmasked", f"the tiles at the window's far edge run without the window's mask: "
-                f"keys that left the window still count there (tiles {block_m}x{block_n}; at {at}).  Mask "
-                "j > i' - W in the tiles the window's edge cuts", _attend(q, k, v, scale=scale, visible=vis | far,
-                                                                          sinks=sinks))
-            add("window_edge_tile_dropped", f"the tile at the window's far edge is skipped: its keys that are "
-                f"still inside the window are lost (the first key block is rounded up instead of down; tiles "
-                f"{block_m}x{block_n}; at {at})", _attend(q, k, v, scale=scale, visible=vis & ~far, sinks=sinks))
-    # the last key block
-    for bn in blocks:
-        tail = Nk % bn
-        if not tail:
-            continue
-        last = (f"key {Nk - 1}" if tail == 1 else f"keys {Nk - tail}..{Nk - 1}") + f", the partial last key block of {bn}"
-        dropped = vis.clone()
-        dropped[:, Nk - tail:] = False
-        add("drops_last_key_block", f"the output leaves out {last}: the loop must run over every key block, "
-            f"range(0, N_K, BLOCK_N) (at {at})", _attend(q, k, v, scale=scale, visible=dropped, sinks=sinks))
-        if not causal:
-            add("keys_past_nk", f"keys past N_K={Nk} count: the {bn - tail} padding lanes of the last key block "
-                f"(keys {Nk}..{Nk - tail + bn - 1}) score 0 instead of -inf and join the softmax sum (at {at}).  "
-                "Set s to -inf where cols >= N_K before the row max",
-                _attend(q, k, v, scale=scale, visible=vis, sinks=sinks, pad_keys=bn - tail))
-    # the online softmax's rescale
-    if not heavy:
-        for bn in blocks:
-            if Nk <= bn:
-                continue
-            kw = dict(scale=scale, visible=vis, sinks=sinks, block_n=bn)
-            add("acc_not_rescaled", f"acc is not rescaled when the running max grows: acc = acc * alpha + p @ v, "
-                f"alpha = exp(m_old - m_new) (key blocks of {bn}; the error shows in rows whose max arrives after "
-                f"key block 0, e.g. {at})", _tiled(q, k, v, rescale_acc=False, **kw))
-            add("l_not_rescaled", f"l is not rescaled when the running max grows: l = l * alpha + rowsum(p) (key "
-                f"blocks of {bn}; at {at})", _tiled(q, k, v, rescale_l=False, **kw))
-            add("no_rescale", f"neither l nor acc is rescaled when the running max grows: multiply both by alpha = "
-                f"exp(m_old - m_new) (key blocks of {bn}; at {at})",
-                _tiled(q, k, v, rescale_acc=False, rescale_l=False, **kw))
+    variants = [*_base_and_scale(case), *_layout(case), *_masks(case), *_tiles(case), *_key_blocks(case, heavy)]
 
     fitting = []
-    for cause, message, var_o, var_lse, heads in candidates:
-        fit = _fits(o, lse, var_o, var_lse, o_ref, lse_ref, allowed, heads)
+    for cause, message, (var_o, var_lse), *heads in variants:
+        fit = _fits(o, lse, var_o, var_lse, o_ref, lse_ref, allowed, heads[0] if heads else None)
         if os.environ.get("WORKBOOK_DIAGNOSIS_DEBUG"):        # for whoever adds a variant: how each one fits
             print(f"diagnose: {cause:28} fit {fit}", file=sys.stderr)
         if fit is not None:
