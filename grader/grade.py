@@ -303,11 +303,10 @@ def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str
     pad = " " * (name_w + 31)
     for r in shown:
         pts = f"{r.earned}/{r.points}"
-        first, *rest = (r.message or "").split("\n") or [""]
-        body = textwrap.wrap(first, width=max(30, width - name_w - 33)) or [""]
+        body = [b for part in (r.message or "").split("\n")
+                for b in (textwrap.wrap(part.strip(), width=max(30, width - name_w - 33)) or [""])] or [""]
         lines.append(f"  {r.name:<{name_w}}  {pts:>6}  {_MARK[r.status]:<7}  {_seconds(r):>6}  {body[0]}")
         lines += [f"  {pad}{b}" for b in body[1:]]
-        lines += [f"  {pad}{x.strip()}" for x in rest]
     if hidden_summary(result.results):
         lines.append(f"  {hidden_summary(result.results)}")
     lines.append("  " + score_line(result))
