@@ -84,6 +84,14 @@ def sweep(stage, seeds, *, only=None, progress=None) -> dict[str, Margin]:
     runner = InProcess(stage)
     checks = [c for c in stage.checks() if (only is None or c.name in only) and (runtime.ON_GPU or not c.gpu)]
     found = {c.name: Margin(c.name) for c in checks}
+    try:
+        _sweep_seeds(runner, checks, seeds, found, progress)
+    except KeyboardInterrupt:        # Ctrl-C (or SIGTERM, see main): the margins of the seeds done so far
+        pass
+    return found
+
+
+def _sweep_seeds(runner, checks, seeds, found, progress) -> None:
     for n, seed in enumerate(seeds):
         for c in checks:
             ctx = Ctx(runner, seed, timeout=c.timeout)
@@ -97,7 +105,6 @@ def sweep(stage, seeds, *, only=None, progress=None) -> dict[str, Margin]:
             found[c.name].add(seed, ctx.margins, failed)
         if progress:
             progress(n + 1, seed)
-    return found
 
 
 def _sweep_part(stage_name: str, seeds: list[int], only) -> dict[str, Margin]:
@@ -130,7 +137,7 @@ def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None) -> dict
 
 
 def format_table(stage, found: dict[str, Margin], seconds: float) -> str:
-    seeds = max((m.runs for m in found.values()), default=0)
+    seeds = max((m.runs for m in found.values()), default=0)   # fewer than asked when stopped early
     width = max([len(name) for name in found] + [5])
     lines = [f"{stage.name}: the reference on {seeds} seed(s), {runtime.describe()}, {seconds:.0f} s",
              f"  {'check':<{width}}  worst margin  median   seed of worst  failed  (margin = error / allowed)"]
@@ -159,6 +166,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="processes to deal the seeds out to (CPU: one per "
                                                             "core; a GPU is best left to one)")
     args = parser.parse_args(argv)
+    import signal
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # stopped (a time limit): report what was done
     if not (loader.ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/: there is no reference to sweep", file=sys.stderr)
         return 2
