@@ -4,12 +4,17 @@
     python -m grader stage3              grade your stages/stage3_flash_forward.py
     python -m grader stage3 --solutions  grade the reference solution instead
     python -m grader stage3 --notebook   also run notebooks/03_flash_forward.ipynb with nbval
+    python -m grader stage3 --list       the stage's checks, their points, which need a GPU
+    python -m grader stage3 --help       what stage 3's grading checks, and how to run part of it
     python -m grader release             regenerate stages/ from solutions/ (keeps your edits)
     python -m grader release --check     are stages/ and solutions/ in sync?
     python -m grader bench stage5        time stage 5's reference kernel against SDPA and FlexAttention
                                          (needs a GPU; all: every stage; --learner: your stages/ file)
 
 For instructors:
+
+    python -m grader sweep stage3 --seeds 200
+                                         grade the reference on 200 seeds; the worst margin of each check
 
     python -m grader stage5,stage6 --submission DIR --format gradescope --out results.json
                                          grade a submission's stage files (DIR, or DIR/stages)
@@ -57,16 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "bench":
         from grader import bench
         return bench.main(argv[1:])
+    if argv and argv[0] == "sweep":
+        from grader import sweep
+        return sweep.main(argv[1:])
     from grader.limits import Limits, add_limit_options, limit_overrides
     from grader.sandbox import add_isolation_option, use_isolation_option
-    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m grader", description=_description(argv),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", nargs="?", help="stage to grade: stage1 ..., or several: stage5,stage6 "
                                                  "(omit for progress over all)")
     parser.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
+    parser.add_argument("--fresh", action="store_true", help="progress view: grade every started stage again, "
+                                                             "not from the cache of unchanged ones")
     parser.add_argument("--submission", metavar="DIR", help="grade the stage files in DIR (or DIR/stages) instead")
     parser.add_argument("--notebook", action="store_true", help="also run the stage's notebook with nbval")
-    parser.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable)")
+    parser.add_argument("--only", action="append", metavar="CHECK",
+                        help="run only this check (repeatable; --list names them)")
+    parser.add_argument("--list", action="store_true", help="list the stage's checks, their points and what "
+                                                            "they need, and run nothing")
     parser.add_argument("--format", choices=("table", "json", "gradescope"), default="table",
                         help="table (default); json: every result, hidden checks by name; gradescope: "
                              "results.json for Gradescope, hidden checks folded into one line")
@@ -86,12 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     from grader import stages
     if args.stage is None:
         from grader.progress import progress
-        return progress(source="solutions" if args.solutions else "stages")
+        return progress(source="solutions" if args.solutions else "stages", use_cache=not args.fresh)
     try:
         chosen = [stages.find(name) for name in args.stage.split(",")]
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if args.list:
+        for stage in chosen:
+            print(_check_list(stage))
+        return 0
+    if args.only:
+        names = {c.name for stage in chosen for c in stage.checks()}
+        unknown = [name for name in args.only if name not in names]
+        if unknown:
+            listing = "\n".join(_check_list(stage) for stage in chosen)
+            print(f"no check named {', '.join(map(repr, unknown))} in {args.stage}; the checks are:\n{listing}",
+                  file=sys.stderr)
+            return 2
     from kernels.loader import ROOT
     if args.solutions and not (ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/ (it is a learner's copy): there is no reference "
@@ -135,6 +160,50 @@ def main(argv: list[str] | None = None) -> int:
         for stage, result in graded:
             ok = run_notebook(stage, result.source) and ok
     return 0 if ok else 1
+
+
+def _check_list(stage) -> str:
+    """A stage's checks, one a line: name, points, whether it needs a GPU, and what it checks."""
+    from kernels import runtime
+    shown = [c for c in stage.checks() if not c.hidden]
+    hidden = [c for c in stage.checks() if c.hidden]
+    width = max(len(c.name) for c in shown)
+    lines = [f"{stage.name} ({stage.module}.py, notebook {stage.notebook}): {stage.title}",
+             f"  {'check':<{width}}  points  runs on     checks"]
+    for c in shown:
+        needs = "GPU only" if c.gpu else "CPU or GPU"
+        note = " (bad input: counts once the code it calls is written)" if c.validation else ""
+        lines.append(f"  {c.name:<{width}}  {c.points:>6}  {needs:<10}  {c.doc.rstrip('.')}{note}")
+    here = sum(c.points for c in shown + hidden if runtime.ON_GPU or not c.gpu)
+    total = sum(c.points for c in shown + hidden)
+    if hidden:
+        lines.append(f"  and {len(hidden)} hidden check(s), {sum(c.points for c in hidden)} points")
+    lines.append(f"  {total} points; {here} of them run on this machine ({runtime.describe()})")
+    return "\n".join(lines)
+
+
+def _description(argv: list[str]) -> str:
+    """The help text; ``python -m grader stage3 --help`` adds what stage 3's grading checks."""
+    if not any(a in ("-h", "--help") for a in argv):
+        return __doc__
+    from grader import stages
+    named = [a for a in argv if not a.startswith("-")]
+    try:
+        chosen = [stages.find(n) for n in named[0].split(",")] if named else []
+    except ValueError:
+        chosen = []
+    if not chosen:
+        return __doc__
+    parts = []
+    for stage in chosen:
+        parts.append(f"Grade {stage.name}: stages/{stage.module}.py, with notebooks/{stage.notebook} beside it.\n\n"
+                     f"    python -m grader {stage.name}                 every check below\n"
+                     f"    python -m grader {stage.name} --only CHECK    one of them (repeatable)\n"
+                     f"    python -m grader {stage.name} --notebook      also run the notebook against your file\n"
+                     f"    WORKBOOK_SEED=N python -m grader {stage.name} repeat the inputs of a run (its seed is "
+                     "printed)\n\n" + _check_list(stage))
+    return "\n\n".join(parts) + "\n\nStatuses: pass, FAIL (a wrong answer, its most likely cause first), todo (a " \
+        "TODO still as released), crash, timeout, not run (needs a GPU or a tool)."
 
 
 def _release(argv: list[str]) -> int:

@@ -27,7 +27,14 @@ from grader.worker import LearnerError, WorkerDied
 
 
 class CheckFailed(AssertionError):
-    """A check's verdict: the learner's code is wrong, and the message says how."""
+    """A check's verdict: the learner's code is wrong, and the message says how.
+
+    ``diagnosis`` names the known mistake that explains the numbers (grader/diagnose.py), when one does.
+    """
+
+    def __init__(self, message: str, diagnosis: str = "", also: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.diagnosis, self.also = diagnosis, tuple(also)
 
 
 class CheckSkipped(Exception):
@@ -44,6 +51,7 @@ class Check:
     hint: str = ""             # the usual cause, shown when the check fails
     doc: str = ""
     hidden: bool = False       # counts in the grade; never released, never named to the learner
+    validation: bool = False   # judges bad-input handling only: no points while the code it calls has holes
 
 
 _REGISTRY: dict[str, list[Check]] = {}
@@ -52,8 +60,13 @@ _REGISTRY: dict[str, list[Check]] = {}
 HIDDEN_PACKAGE = "grader.checks.hidden"
 
 
-def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = "", hidden: bool = False):
+def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = "", hidden: bool = False,
+          validation: bool = False):
     """Register a check in the list of its module (one module of checks per stage).
+
+    A ``validation`` check only asks that bad input be refused; the wrapper's given code already
+    does most of that, so the check earns its points only once the functions it calls have no
+    unfilled TODO left (see grader/holes.py).
 
     Hidden checks (``hidden=True``) live in ``grader/checks/hidden/stageN.py``, a folder that
     ``python -m grader release --to`` never copies; the two must agree, so a hidden check can
@@ -65,7 +78,7 @@ def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: s
             raise ValueError(f"check {fn.__name__} in {fn.__module__}: hidden checks, and only they, belong in "
                              f"grader/checks/hidden/stageN.py (with @check(hidden=True))")
         doc = (fn.__doc__ or "").strip().splitlines()
-        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden)
+        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden, validation)
         _REGISTRY.setdefault(fn.__module__, []).append(c)
         return fn
     return register
@@ -84,12 +97,14 @@ def session_seed() -> int:
 class _Learner:
     def __init__(self, runner, timeout, deadline=None):
         self._runner, self._timeout, self._deadline = runner, timeout, deadline
+        self._called: set[str] = set()      # the learner functions this check has called
 
     def __getattr__(self, fn_name):
         if fn_name.startswith("_"):
             raise AttributeError(fn_name)
 
         def call(*args, **kwargs):
+            self._called.add(fn_name)
             timeout = self._timeout
             if self._deadline is not None:
                 timeout = min(timeout, self._deadline - time.monotonic())
@@ -108,10 +123,21 @@ class Ctx:
     timeout: float = 180.0           # for each learner call
     deadline: float | None = None    # time.monotonic() by which the whole check must be done
     generator: torch.Generator = field(init=False)
+    margins: list = field(init=False)  # (name, error / allowed) of every judgement made: the sweep reads them
 
     def __post_init__(self):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.learner = _Learner(self.runner, self.timeout, self.deadline)
+        self.margins = []
+
+    def _record(self, report: tolerance.Report, name: str) -> None:
+        if report.allowed > 0:
+            self.margins.append((name, report.max_error / report.allowed))
+
+    @property
+    def called(self) -> set[str]:
+        """Names of the learner functions this check has called so far."""
+        return set(self.learner._called)
 
     # -- inputs ---------------------------------------------------------------------------
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
@@ -122,8 +148,8 @@ class Ctx:
         return (torch.rand(*shape, generator=self.generator) * (high - low) + low).to(dtype)
 
     # -- judgements -----------------------------------------------------------------------
-    def fail(self, message: str):
-        raise CheckFailed(message)
+    def fail(self, message: str, *, diagnosis: str = ""):
+        raise CheckFailed(message, diagnosis)
 
     def skip(self, reason: str):
         """Stop here and report the check "not run" with ``reason`` (e.g. "nvcc not found")."""
@@ -134,12 +160,61 @@ class Ctx:
             raise CheckFailed(message)
 
     def close(self, out, ref, baseline, *, name: str, factor: float = 2.0, floor: float | None = None,
-              dims=None, row_dim=None, block_m=None) -> None:
-        """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance)."""
+              dims=None, row_dim=None, block_m=None, explain=None) -> None:
+        """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance).
+
+        ``explain(allowed)``, when given, names the likely mistake of a wrong ``out`` (a grader.diagnose
+        function bound to the inputs); its cause comes first in the message.
+        """
         report = tolerance.compare(out, ref, baseline, name=name, factor=factor, floor=floor, dims=dims,
                                    row_dim=row_dim, block_m=block_m)
-        if not report.ok:
-            raise CheckFailed(report.message)
+        self._record(report, name)
+        if report.ok:
+            return
+        if explain is not None:
+            from grader import diagnose
+            found = diagnose.safely(explain, report.allowed)
+            if found:
+                raise CheckFailed(f"likely cause: {found.message}\n{report.message}", found.cause, found.also)
+        raise CheckFailed(report.message)
+
+    def close_attention(self, o, lse, q, k, v, *, refs, opts=None, what: str, block_m=None, block_n=None) -> None:
+        """Judge ``(o, lse)`` against the float64 reference; when wrong, name the likely mistake first.
+
+        ``refs`` is ``(o_ref, lse_ref, o_pt, lse_pt)``: the float64 reference and plain PyTorch in
+        the input's dtype (the tolerance's baseline); ``opts`` the call's options (causal, window,
+        sink_tokens, sinks, sm_scale) for the diagnosis.
+        """
+        o_ref, lse_ref, o_pt, lse_pt = refs
+        dims = ("b", "h", "i", "d")
+        rep_o = tolerance.compare(o, o_ref, o_pt, name=f"o {what}", dims=dims, row_dim=2, block_m=block_m,
+                                  floor=tolerance.attention_floor(o_ref, lse_ref))
+        rep_l = tolerance.compare(lse, lse_ref, lse_pt, name=f"lse {what}", dims=dims[:3], row_dim=2,
+                                  block_m=block_m)
+        self._record(rep_o, f"o {what}")
+        self._record(rep_l, f"lse {what}")
+        if rep_o.ok and rep_l.ok:
+            return
+        from grader import diagnose
+        found = diagnose.safely(diagnose.attention, o, lse, q, k, v, dict(opts or {}),
+                                allowed=(rep_o.allowed, rep_l.allowed), block_m=block_m, block_n=block_n)
+        numbers = "; ".join(r.message for r in (rep_o, rep_l) if not r.ok)
+        if found:
+            raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause, found.also)
+        raise CheckFailed(numbers)
+
+    def close_softmax(self, out, x, ref, baseline, *, name: str, block=None, dims=("r", "c"), extra=None) -> None:
+        """``close`` for a row softmax of ``x``, naming the likely mistake first when it is wrong."""
+        report = tolerance.compare(out, ref, baseline, name=name, dims=dims)
+        self._record(report, name)
+        if report.ok:
+            return
+        from grader import diagnose
+        found = diagnose.safely(diagnose.softmax, out, x, allowed=report.allowed, block=block)
+        numbers = report.message + (f"; {extra(out)}" if extra else "")
+        if found:
+            raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause)
+        raise CheckFailed(numbers)
 
     def expect_dtype(self, out, dtype, *, name: str) -> None:
         if not isinstance(out, torch.Tensor):

@@ -3,8 +3,10 @@
 Statuses, as the table shows them:
 
     pass       the check ran and the code is right
-    FAIL       the code gave a wrong answer (the message says where and usually why)
-    todo       the code raised NotImplementedError: that part is not written yet
+    FAIL       the code gave a wrong answer (its most likely cause first, grader/diagnose.py, then
+               where), or raised an error (at the learner-file line it came from)
+    todo       the code the check ran still has a TODO hole as released (grader/holes.py), wherever
+               it is, or raised NotImplementedError: that part is not written yet
     crash      the worker died (segfault, abort, CUDA error, over its memory or output limit)
                or the stage file failed to import
     timeout    a call ran past the check's time limit, or the stage's time ran out before the check
@@ -25,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import files, release, sandbox
+from grader import files, holes, locate, release, sandbox, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.limits import Limits
 from grader.stages import Stage
@@ -44,6 +46,8 @@ class CheckResult:
     message: str = ""
     seconds: float = 0.0
     hidden: bool = False
+    diagnosis: str = ""         # the known mistake that explains a FAIL (grader/diagnose.py), if one does
+    also: list[str] = field(default_factory=list)   # causes these inputs cannot tell from it
     calls: list[str] = field(default_factory=list)   # learner functions the check called
 
 
@@ -137,12 +141,13 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         timeout = limits.check_timeout
         deadline = min(deadline or float("inf"), start + limits.check_timeout)
     ctx = Ctx(runner, seed, timeout=timeout, deadline=deadline)
-    status, message, hint = "pass", "", check.hint
-    runner.last_call, runner.calls = None, []
+    status, message, hint, diagnosis, also = "pass", "", "", "", []
+    runner.last_call = None
     try:
         check.fn(ctx)
     except CheckFailed as exc:
-        status, message = "FAIL", str(exc)
+        status, message, diagnosis, also = "FAIL", str(exc), exc.diagnosis, list(exc.also)
+        hint = _usual_cause(check.hint, message) if not diagnosis else ""
     except CheckSkipped as exc:
         status, message = "not run", str(exc)
     except Misbehaved as exc:
@@ -153,9 +158,8 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         if exc.type_name == "NotImplementedError":
             status, message = "todo", exc.message
         else:
-            status = "FAIL"
-            where = _last_frame(exc.tb, runner.stage)
-            message = f"raised {exc.type_name}: {exc.message}" + (f" ({where})" if where else "")
+            status, hint = "FAIL", ""     # the hint is about wrong numbers; the error says what happened
+            message = _error_message(exc, runner)
     except WorkerDied as exc:
         status, message = ("timeout" if exc.timed_out else "crash"), exc.reason
         tail = _crash_context(runner.output_tail(4000), runner.stage)
@@ -169,18 +173,60 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
                        "see its docstring for what it must return")
         else:
             message = f"the check stopped with {type(exc).__name__}: {exc}"
+    status, message, hint = _holes_verdict(check, runner, ctx.called, status, message, hint)
     if status not in PASSING + ("not run",) and hint:
-        message += f"\n  hint: {hint}"
+        message += f"\n  {hint}"
     earned = check.points if status in PASSING else 0
     return CheckResult(check.name, check.points, earned, status, message, time.monotonic() - start,
-                       hidden=check.hidden, calls=sorted(set(runner.calls)))
+                       hidden=check.hidden, diagnosis=diagnosis if status == "FAIL" else "",
+                       also=also if status == "FAIL" else [], calls=sorted(ctx.called))
 
 
-def _last_frame(tb: str, module: str | None = None) -> str:
-    """The innermost frame of a traceback; with ``module``, the innermost one in the stage file."""
-    lines = [ln.strip() for ln in tb.splitlines() if ln.strip().startswith("File ")]
-    mine = [ln for ln in lines if module and f"{module}.py" in ln]
-    return (mine or lines or [""])[-1]
+def _usual_cause(hint: str, message: str) -> str:
+    """The check's fixed hint, shown only when no diagnosis fits, as what usually causes it, never as
+    this failure's cause; a hint about NaN only when NaN occurred."""
+    if not hint or ("NaN" in hint and "NaN" not in message):
+        return ""
+    return f"no known mistake matches these numbers exactly; this check usually fails because: {hint}"
+
+
+def _holes_verdict(check, runner: Runner, called: set[str], status: str, message: str, hint: str):
+    """``todo`` for a check whose code still has a hole as released, wherever the hole is.
+
+    A failure of any kind (a wrong answer from a kernel whose body is still ``pass``, the stub's
+    NotImplementedError, a crash) is reported as the unfilled TODO it ran into, at the line it is
+    on now.  A validation check passes on the given wrapper alone, so it earns nothing until the
+    functions it calls are written.
+    """
+    if status == "not run" or not called:
+        return status, message, hint
+    try:
+        stage = stages.find(runner.stage)
+        found = holes.find(loader.source_dir(runner.source), stage).reached_by(called)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return status, message, hint
+    if not found:
+        return status, message, hint
+    if status != "pass":
+        return "todo", holes.todo_message(found), ""
+    if check.validation:
+        fns = ", ".join(sorted(called))
+        return "todo", (f"{holes.todo_message(found)}; this check of bad input counts once {fns} is written "
+                        "(the given code refuses most bad input already)"), ""
+    return status, message, hint
+
+
+def _error_message(exc: LearnerError, runner: Runner) -> str:
+    """What learner code raised, and where in the learner's file: a kernel's own line, not its launch."""
+    try:
+        text = (loader.source_dir(runner.source) / f"{runner.stage}.py").read_text()
+    except (OSError, ValueError, UnicodeDecodeError):
+        text = ""
+    compiled = locate.compile_error(exc.message, text, f"{runner.stage}.py") if text else None
+    if compiled:
+        return compiled
+    where = locate.frame(exc.tb, runner.stage)
+    return f"raised {exc.type_name}: {exc.message}" + (f" ({where})" if where else "")
 
 
 def _crash_context(output: str, module: str) -> str:
@@ -245,7 +291,7 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
                 except ImportFailed as exc:
                     result.status = "import error"
                     msg = f"{path.name} could not be imported: {exc.type_name}: {exc.message}"
-                    where = _last_frame(exc.tb, stage.module)
+                    where = locate.frame(exc.tb, stage.module)
                     msg += f" ({where})" if where else ""
                     tail = _crash_context(runner.output_tail(4000), stage.module) if exc.type_name == "crash" else ""
                     msg += f"; last output: {tail}" if tail else ""
@@ -278,6 +324,10 @@ def hidden_summary(results: list[CheckResult]) -> str:
             f"{sum(r.points for r in hidden)} points")
 
 
+def _seconds(r: CheckResult) -> str:
+    return "" if r.status == "not run" else f"{r.seconds:.1f} s"
+
+
 def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str:
     lines = [f"{stage.name}: {stage.title}  [{result.source}]"
              + (f"  (learner code isolated by {result.isolation})" if result.isolation else "")]
@@ -287,26 +337,42 @@ def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str
                      f"{'does not exist' if missing else 'is as released'}. Open notebooks/{stage.notebook}, "
                      f"fill in its TODOs, then run: python -m grader {stage.name}")
         return "\n".join(lines)
+    if result.status == "import error":              # one cause, shown once, not once per check
+        message = result.results[0].message if result.results else "the file could not be imported"
+        body = textwrap.wrap(message, width=width - 4) or [""]
+        lines += [f"  {body[0]}"] + [f"    {b}" for b in body[1:]]
+        lines.append(f"  none of its {len(result.results)} checks ran: fix that line, then run: "
+                     f"python -m grader {stage.name}")
+        return "\n".join(lines)
     shown = [r for r in result.results if not r.hidden]
     name_w = max([len(r.name) for r in shown] + [5])
-    lines.append(f"  {'check':<{name_w}}  points  status   message")
+    lines.append(f"  {'check':<{name_w}}  points  status      time  message")
+    pad = " " * (name_w + 31)
     for r in shown:
         pts = f"{r.earned}/{r.points}"
-        first, *rest = (r.message or "").split("\n") or [""]
-        body = textwrap.wrap(first, width=max(30, width - name_w - 22)) or [""]
-        lines.append(f"  {r.name:<{name_w}}  {pts:>6}  {_MARK[r.status]:<7}  {body[0]}")
-        pad = " " * (name_w + 20)
+        body = [b for part in (r.message or "").split("\n")
+                for b in (textwrap.wrap(part.strip(), width=max(30, width - name_w - 33)) or [""])] or [""]
+        lines.append(f"  {r.name:<{name_w}}  {pts:>6}  {_MARK[r.status]:<7}  {_seconds(r):>6}  {body[0]}")
         lines += [f"  {pad}{b}" for b in body[1:]]
-        lines += [f"  {pad}{x.strip()}" for x in rest]
     if hidden_summary(result.results):
         lines.append(f"  {hidden_summary(result.results)}")
-    not_run = sum(r.status == "not run" for r in result.results)
-    summary = f"  score {result.score}/{result.max_score}"
-    if not_run:
-        summary += f"; {not_run} check(s) not run here (they need a CUDA GPU, or a tool their message names)"
-    summary += f"; {result.seconds:.1f} s; inputs seed {result.seed} (WORKBOOK_SEED={result.seed} repeats them)"
-    lines.append(summary)
+    lines.append("  " + score_line(result))
+    lines.append(f"  {result.seconds:.1f} s; inputs seed {result.seed} (WORKBOOK_SEED={result.seed} repeats them)")
     return "\n".join(lines)
+
+
+def score_line(result: StageResult) -> str:
+    """Points earned out of the points that can run here; GPU points pending, and other not-run ones, apart."""
+    here = [r for r in result.results if r.status != "not run"]
+    text = f"score {sum(r.earned for r in here)}/{sum(r.points for r in here)} (the points that run here)"
+    gpu = [r for r in result.results if r.status == "not run" and "CUDA GPU" in r.message]
+    other = [r for r in result.results if r.status == "not run" and r not in gpu]
+    if gpu:
+        text += (f"; {sum(r.points for r in gpu)} GPU points pending "
+                 f"({', '.join(r.name if not r.hidden else 'hidden' for r in gpu)}: they run on a CUDA GPU)")
+    if other:
+        text += f"; {sum(r.points for r in other)} points not run here ({', '.join(r.name for r in other)}: see why above)"
+    return text
 
 
 def print_result(stage: Stage, result: StageResult) -> None:

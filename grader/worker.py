@@ -255,7 +255,6 @@ class Runner:
         self.log_path = str(log_dir / f"{os.getpid()}-log-{stage}-{id(self)}.txt")
         self.description = ""
         self.last_call: tuple[str, str] | None = None   # (function, what it returned), for messages
-        self.calls: list[str] = []                       # the learner functions called (for --compare)
 
     # -- process management -------------------------------------------------------------
     def _start(self, timeout: float) -> None:
@@ -431,7 +430,6 @@ class Runner:
     # -- calls ----------------------------------------------------------------------------
     def call(self, fn_name: str, *args, timeout: float = 120.0, **kwargs):
         """Call ``fn_name(*args, **kwargs)`` in the worker; return its result on the CPU."""
-        self.calls.append(fn_name)
         if self._proc is None:
             self._start(timeout)
         try:

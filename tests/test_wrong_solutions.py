@@ -1,6 +1,7 @@
 """Every stage's deliberately wrong solutions (tests/wrong/stageN.py) must be rejected by its checks."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,20 @@ def test_every_stage_has_three_wrong_solutions():
         assert count >= 3, f"{stage.name} has {count} wrong solutions in tests/wrong/; expected at least 3"
 
 
+def test_diagnosed_wrong_solutions_name_a_known_cause():
+    from grader import diagnose
+    import inspect
+    known = set(re.findall(r'"([a-z0-9_]+)"', inspect.getsource(diagnose)))
+    named = [(p.values[1].name, p.values[1].diagnosis) for p in _mutants() if p.values[1].diagnosis]
+    assert len(named) >= 40, f"only {len(named)} wrong solutions name the diagnosis they must get"
+    unknown = [(n, d) for n, d in named if d not in known]
+    assert not unknown, f"diagnoses that grader/diagnose.py never gives: {unknown}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage,mutant", list(_mutants()))
-def test_wrong_solution_is_rejected(stage, mutant, tmp_path):
+def test_wrong_solution_is_rejected(stage, mutant, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_STRICT_DIAGNOSIS", "1")     # a diagnosis that fails to compute fails the test
     names = {c.name for c in stage.checks()}
     assert mutant.caught_by and set(mutant.caught_by) <= names, \
         f"mutant {mutant.name} must name the checks that catch it, from {sorted(names)}"
@@ -47,3 +59,15 @@ def test_wrong_solution_is_rejected(stage, mutant, tmp_path):
     passed = [r.name for r in result.results if r.status == "pass"]
     missed = passed if not runtime.ON_GPU else ([] if rejected else passed)
     assert not missed, f"{mutant.name} ({mutant.why}) passed {missed}: those checks cannot tell it is wrong"
+    # The diagnosis it names is the first cause given by a check that rejects it (or one these inputs
+    # cannot tell from it), and no rejecting check blames another cause.
+    failed = [r for r in result.results if r.status == "FAIL"]
+    if mutant.diagnosis and failed:
+        named = [r for r in failed if mutant.diagnosis in [r.diagnosis, *r.also]]
+        blamed = [(r.name, r.diagnosis) for r in failed if r.diagnosis and r not in named]
+        assert named, f"{mutant.name}: no check diagnosed {mutant.diagnosis!r}: " + \
+            "; ".join(f"{r.name}: {r.diagnosis or 'no diagnosis'}" for r in failed)
+        assert not blamed, f"{mutant.name} ({mutant.why}) was blamed on {blamed}, not {mutant.diagnosis!r}"
+    elif not mutant.diagnosis and not runtime.ON_GPU:     # GPU-only mutants are named from a GPU run
+        blamed = [(r.name, r.diagnosis) for r in failed if r.diagnosis]
+        assert not blamed, f"{mutant.name} ({mutant.why}) names no diagnosis but got {blamed}: name it"

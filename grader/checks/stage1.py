@@ -7,13 +7,12 @@ import torch
 from grader.check import check
 from kernels import reference
 
-DIMS = ("b", "h", "i", "d")
-
 
 def _softmax_close(ctx, x, *, name, **kwargs):
     y = ctx.learner.online_softmax(x, **kwargs)
     ctx.expect_dtype(y, x.dtype, name=name)
-    ctx.close(y, reference.softmax(x), reference.softmax(x, compute_dtype=x.dtype), name=name)
+    ctx.close_softmax(y, x, reference.softmax(x), reference.softmax(x, compute_dtype=x.dtype), name=name,
+                      block=kwargs.get("block", 128))
 
 
 @check(points=1, hint="compare with the TODO(1a) formula: l must be rescaled by exp(m - m_new) "
@@ -58,8 +57,8 @@ def _attention_close(ctx, q, k, v, *, block_m, block_n, sm_scale=None, label="")
     o_pt, lse_pt = reference.attention(q, k, v, sm_scale=sm_scale, compute_dtype=q.dtype)
     ctx.expect_dtype(o, q.dtype, name=f"o {label}")
     ctx.expect_dtype(lse, torch.float32, name=f"lse {label}")
-    ctx.close(o, o_ref, o_pt, name=f"o {label}", dims=DIMS, row_dim=2, block_m=block_m)
-    ctx.close(lse, lse_ref, lse_pt, name=f"lse {label}", dims=DIMS[:3], row_dim=2, block_m=block_m)
+    ctx.close_attention(o, lse, q, k, v, refs=(o_ref, lse_ref, o_pt, lse_pt), opts={"sm_scale": sm_scale},
+                        what=label, block_m=block_m, block_n=block_n)
 
 
 @check(points=2, hint="rescale both l and acc by alpha = exp(m_old - m_new) before adding the new tile")
@@ -85,7 +84,7 @@ def attention_non_contiguous(ctx):
     _attention_close(ctx, q, k, v, block_m=16, block_n=16, label="(non-contiguous q, k, v)")
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def attention_bad_input(ctx):
     """Wrong rank, mismatched shapes and mixed dtypes raise errors that name the argument."""
     q, k = ctx.randn(1, 2, 8, 16), ctx.randn(1, 2, 8, 16)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
+from grader import diagnose
 from grader.check import check
-from kernels import reference, runtime, tolerance
+from kernels import reference, runtime
 
 MARGIN = 128    # columns of NaN past the end of each row in the edge checks (more than any block)
 
@@ -41,19 +42,17 @@ def _blocks(col: int, n: int, block: int) -> str:
     return text + ")"
 
 
-def _judge(ctx, out, ref, baseline, *, name, block, n):
-    """ctx.close for a softmax output (r, c), plus which column block of the loop holds the worst element."""
-    report = tolerance.compare(out, ref, baseline, name=name, dims=("r", "c"))
-    if report.ok:
-        return
-    message = report.message
-    if isinstance(out, torch.Tensor) and out.shape == ref.shape and out.numel():
+def _judge(ctx, out, x, ref, baseline, *, name, block, n):
+    """ctx.close_softmax for a softmax output (r, c), plus which column block of the loop holds the worst element."""
+    def where(out):
+        if not (isinstance(out, torch.Tensor) and out.shape == ref.shape and out.numel()):
+            return ""
         got, want = out.detach().double(), ref.double()
         err = (got - want).abs()
         err = torch.where(got == want, torch.zeros_like(err), err).nan_to_num(nan=float("inf"))
         worst = torch.unravel_index(torch.argmax(err), err.shape)
-        message += "; " + _blocks(int(worst[1]), n, block)
-    ctx.fail(message)
+        return _blocks(int(worst[1]), n, block)
+    ctx.close_softmax(out, x, ref, baseline, name=name, block=block, extra=where)
 
 
 # -- weighted_row_sum -----------------------------------------------------------------------------
@@ -81,7 +80,8 @@ def _wrs_close(ctx, x, w, *, label, block_n=None):
     out = ctx.learner.weighted_row_sum(x, w, **kwargs)
     name = f"weighted_row_sum, x {tuple(x.shape)} {label}"
     ctx.expect_dtype(out, torch.float32, name=f"{name} (the sum is returned in float32)")
-    ctx.close(out, ref, base, name=name, dims=("r",), floor=_wrs_floor(x, w))
+    ctx.close(out, ref, base, name=name, dims=("r",), floor=_wrs_floor(x, w),
+              explain=lambda allowed: diagnose.row_sum(out, x, w, allowed=allowed, block=block_n))
     return out
 
 
@@ -132,7 +132,7 @@ def weighted_row_sum_float16(ctx):
     _wrs_close(ctx, x, w, block_n=64, label="float16")
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def weighted_row_sum_bad_input(ctx):
     """Wrong rank, mismatched lengths, mixed dtypes (and bfloat16 on the CPU) raise errors that name them."""
     x, w = ctx.randn(4, 10), ctx.randn(10)
@@ -172,9 +172,9 @@ def _softmax_close(ctx, x, *, label, block_n=None):
     name = f"softmax, x {tuple(x.shape)} {label}"
     ctx.expect_dtype(out, x.dtype, name=f"{name} (the output keeps x's dtype)")
     if block_n is None:
-        ctx.close(out, ref, base, name=name, dims=("r", "c"))
+        ctx.close_softmax(out, x, ref, base, name=name)
     else:
-        _judge(ctx, out, ref, base, name=name, block=block_n, n=x.shape[1])
+        _judge(ctx, out, x, ref, base, name=name, block=block_n, n=x.shape[1])
     return out
 
 
@@ -200,7 +200,7 @@ def softmax_masks_the_edge(ctx):
         ctx.fail(f"softmax, x {tuple(x.shape)} (a view whose memory past column {n - 1} holds NaN), block_n=64: "
                  f"rows {rows} came out with NaN: the kernel read columns {n}..127 of the last block, "
                  "past the end of the row, and let them into the max or the sum")
-    _judge(ctx, out, ref, base, name=f"softmax, x {tuple(x.shape)} with NaN past each row", block=64, n=n)
+    _judge(ctx, out, x, ref, base, name=f"softmax, x {tuple(x.shape)} with NaN past each row", block=64, n=n)
 
 
 @check(points=1, hint="subtract the running max before exp: exp(1e4) is inf in float32")
@@ -241,7 +241,7 @@ def softmax_float16(ctx):
     _softmax_close(ctx, ctx.randn(4, 333, dtype=torch.float16, scale=4.0), block_n=64, label="float16")
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def softmax_bad_input(ctx):
     """Wrong rank and unsupported dtypes (bfloat16 on the CPU, int, float64) raise errors that name x."""
     x = ctx.randn(3, 20)

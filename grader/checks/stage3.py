@@ -15,7 +15,6 @@ import torch
 from grader.check import check
 from kernels import reference, runtime, tolerance
 
-DIMS = ("b", "h", "i", "d")
 
 
 def _describe(q, k, v, block_m, block_n) -> str:
@@ -66,8 +65,8 @@ def _attention_close(ctx, q, k, v, *, sm_scale=None, block_m=None, block_n=None,
     qd, kd, vd = q.to(dev), k.to(dev), v.to(dev)
     o_ref, lse_ref = reference.attention(qd, kd, vd, sm_scale=sm_scale)
     o_pt, lse_pt = _baseline(qd, kd, vd, sm_scale)
-    ctx.close(o, o_ref, o_pt, name=f"o {label}", dims=DIMS, row_dim=2, block_m=block_m)
-    ctx.close(lse, lse_ref, lse_pt, name=f"lse {label}", dims=DIMS[:3], row_dim=2, block_m=block_m)
+    ctx.close_attention(o, lse, q, k, v, refs=(o_ref, lse_ref, o_pt, lse_pt), opts={"sm_scale": sm_scale},
+                        what=label, block_m=block_m, block_n=block_n)
 
 
 def _qkv(ctx, b, h, nq, nk, d, dtype=torch.float32):
@@ -186,7 +185,7 @@ def float16(ctx):
 # -- bad input ---------------------------------------------------------------------------------
 
 @check(points=1, hint="call validate.attention_inputs(..., head_dims=HEAD_DIMS) and runtime.check_dtype before "
-                      "launching anything")
+                      "launching anything", validation=True)
 def bad_input(ctx):
     """Wrong rank, mismatched batch, heads or head dims, mixed dtypes, head dims out of range."""
     q, k, v = _qkv(ctx, 1, 2, 8, 8, 16)

@@ -14,7 +14,6 @@ from grader.check import check
 from grader.checks.masked_attention import empty_rows, label, needed_tiles
 from kernels import cuda_build, loader, reference, tolerance
 
-DIMS = ("b", "h", "i", "d")
 HEAD_DIMS = range(8, 257, 8)
 KERNEL_HEAD_DIMS = (40, 48, 72, 96, 104, 160, 200, 256)
 LIMITS = {"48 KB (any GPU without opting in)": 48 * 1024, "99 KB (RTX 30xx/40xx)": 99 * 1024,
@@ -65,14 +64,15 @@ def _judge(ctx, fn, q, k, v, *, causal=False, sm_scale=None, block_m=None, block
     empty = empty_rows(q.shape[2], k.shape[2], causal=causal)
     if bool(empty.any()) and isinstance(o, torch.Tensor) and tuple(o.shape) == tuple(q.shape):
         n_nan = int(torch.isnan(o[:, :, empty]).sum())
-        ctx.expect(n_nan == 0, f"o {what}: {int(empty.sum())} rows see no key (causal, Nq > Nk) and their o has "
-                               f"{n_nan} NaN; expected 0.  Such a row keeps m = -inf and l = 0: subtract 0 "
-                               "while m is -inf, and write 0 where l is 0")
+        if n_nan:
+            ctx.fail(f"o {what}: {int(empty.sum())} rows see no key (causal, Nq > Nk) and their o has {n_nan} NaN; "
+                     "expected 0.  Such a row keeps m = -inf and l = 0: subtract 0 while m is -inf, and write 0 "
+                     "where l is 0", diagnosis="nan_empty_rows")
     o_ref, lse_ref = reference.attention(q, k, v, causal=causal, sm_scale=sm_scale)
     o_pt, lse_pt = reference.attention(q, k, v, causal=causal, sm_scale=sm_scale,
                                        compute_dtype=tolerance.baseline_dtype(q.dtype))
-    ctx.close(o, o_ref, o_pt, name=f"o {what}", dims=DIMS, row_dim=2, block_m=block_m)
-    ctx.close(lse, lse_ref, lse_pt, name=f"lse {what}", dims=DIMS[:3], row_dim=2, block_m=block_m)
+    ctx.close_attention(o, lse, q, k, v, refs=(o_ref, lse_ref, o_pt, lse_pt),
+                        opts={"causal": causal, "sm_scale": sm_scale}, what=what, block_m=block_m, block_n=block_n)
 
 
 # ---- the plan ------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def emulation_causal(ctx):
         _judge(ctx, "emulate_attention", q, k, v, causal=True, block_m=bm, block_n=bn)
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def kernel_bad_input(ctx):
     """flash_attention refuses head dims off the mma grid, float32 and mismatched heads, naming the problem."""
     for d in (12, 264):

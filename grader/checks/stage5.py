@@ -88,7 +88,7 @@ def blocks_above_diagonal_skipped(ctx):
                              f"(8 on the diagonal + 28 below it), got {causal}")
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def causal_bad_input(ctx):
     """causal that is not a bool, a block size that is not a power of two, and mismatched heads are refused."""
     q = ctx.randn(1, 2, 8, 16)

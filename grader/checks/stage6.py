@@ -62,7 +62,7 @@ def gqa_blocks_skipped(ctx):
     expect_visits_exact(ctx, q, k, v, block_m=32, block_n=16, causal=True)
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def gqa_bad_heads(ctx):
     """Hq % Hkv != 0 is a ValueError that names the heads (6 and 4; 2 and 4)."""
     for hq, hkv in ((6, 4), (2, 4)):

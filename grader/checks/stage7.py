@@ -82,7 +82,7 @@ def window_work_is_o_n_w(ctx):
                "quadruple like N^2")
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def window_bad_input(ctx):
     """A window without causal, and windows of 0 or -3, are ValueErrors that say what is wrong."""
     q, k, v = _qkv(ctx, 1, 2, 2, 8, 8, 16)

@@ -108,7 +108,7 @@ def everything_together(ctx):
         attention(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w, sink_tokens=s, sinks=_sinks(ctx, 4))
 
 
-@check(points=1)
+@check(points=1, validation=True)
 def sinks_bad_input(ctx):
     """sinks of the wrong shape or dtype and negative sink_tokens are errors that name the argument."""
     q, k, v = _qkv(ctx, 1, 4, 2, 8, 8, 16)

@@ -1,0 +1,670 @@
+"""Diagnoses: when an output is wrong, which known mistake explains it, and where it shows.
+
+A fixed hint per check names the usual cause, which is often not this learner's.  Here the
+learner's output is compared with the float64 reference *and* with the outputs of known wrong
+variants, each computed in float64 from the same inputs: the lse in base 2, a missing rescale,
+another softmax scale, a mask one key off, the wrong GQA head mapping, keys past N_K let in, ...
+A variant explains the output when the output is as close to it as a right answer must be to
+the reference (a few times the tolerance) and far from the reference.  The best-fitting
+variant is the diagnosis; when none fits, there is none, and no cause is invented.  NaN is
+diagnosed only where NaN occurred, and by which rows hold it.
+
+    found = attention(o, lse, q, k, v, opts, allowed=(allowed_o, allowed_lse), block_m=..., block_n=...)
+    if found: print(found.cause, found.message)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from kernels import masks
+
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2
+_FIT = 4.0          # a variant fits when the output is within _FIT x the tolerance of it
+_BLOCKS = (16, 32, 64, 128)
+_DENSE_LIMIT = 1 << 22   # score-matrix elements above which the tiled variants (x4: all) are left out
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: str          # a stable name: "lse_log2", "acc_not_rescaled", ... (tests assert it)
+    message: str        # what it is, why it gives these numbers, where it shows, what to change
+    also: tuple[str, ...] = ()   # other causes these numbers cannot tell apart from it (same variant output)
+
+
+def safely(fn, *args, **kwargs) -> Diagnosis | None:
+    """A diagnosis, or None if working it out failed: a verdict never waits on its explanation.
+
+    ``WORKBOOK_STRICT_DIAGNOSIS=1`` (the tests) lets such a failure raise instead.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - the FAIL stands with its numbers
+        if os.environ.get("WORKBOOK_STRICT_DIAGNOSIS"):
+            raise
+        return None
+
+
+# -- float64 attention with every knob a mistake can turn -------------------------------------------
+def _attend(q, k, v, *, scale, visible, sinks=None, head_map=None, pad_keys=0, pad_visible=None):
+    """Dense float64 attention: ``visible`` (Nq, Nk) bool; ``head_map`` maps query head -> kv head;
+    ``pad_keys`` appends that many keys with k = v = 0 (an unmasked tail), visible to every row or
+    where ``pad_visible`` (Nq, pad_keys) says."""
+    q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+    B, Hq, Nq, D = q.shape
+    Hkv = k.shape[1]
+    if head_map is None:
+        head_map = torch.arange(Hq) // (Hq // Hkv)
+    k, v = k[:, head_map], v[:, head_map]
+    if pad_keys:
+        zeros = torch.zeros(B, Hq, pad_keys, D, dtype=torch.float64)
+        k, v = torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2)
+        tail = torch.ones(Nq, pad_keys, dtype=torch.bool) if pad_visible is None else pad_visible
+        visible = torch.cat([visible, tail], dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.to(torch.float64).view(1, Hq, 1, 1).expand(B, Hq, Nq, 1)], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - safe[..., None])[..., :v.shape[2]]
+    return p @ v, lse
+
+
+def _tiled(q, k, v, *, scale, visible, sinks, block_n, rescale_acc=True, rescale_l=True):
+    """The online softmax over key blocks of ``block_n``, in float64, with a rescale left out."""
+    q, k, v = (t.detach().to("cpu", torch.float64) for t in (q, k, v))
+    B, Hq, Nq, D = q.shape
+    group = Hq // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    m = torch.full((B, Hq, Nq), float("-inf"), dtype=torch.float64)
+    l = torch.zeros(B, Hq, Nq, dtype=torch.float64)
+    if sinks is not None:
+        m = sinks.to(torch.float64).view(1, Hq, 1).expand(B, Hq, Nq).clone()
+        l = torch.ones(B, Hq, Nq, dtype=torch.float64)
+    acc = torch.zeros(B, Hq, Nq, D, dtype=torch.float64)
+    for j0 in range(0, k.shape[2], block_n):
+        s = (q @ k[:, :, j0:j0 + block_n].transpose(-1, -2)) * scale
+        s = s.masked_fill(~visible[:, j0:j0 + block_n], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(torch.where(torch.isinf(m), torch.full_like(m, float("-inf")), m) - m_safe)
+        p = torch.exp(s - m_safe[..., None])
+        l = (l * alpha if rescale_l else l) + p.sum(dim=-1)
+        acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v[:, :, j0:j0 + block_n]
+        m = m_new
+    o = acc / torch.where(l == 0, torch.ones_like(l), l)[..., None]
+    lse = torch.where(l == 0, torch.full_like(l, float("-inf")), m + torch.log(l))
+    return o, lse
+
+
+def _max_gap(a, b) -> float:
+    """Max |a - b| where both are finite; inf where exactly one is infinite, or they are unequal infinities."""
+    a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
+    both = torch.isfinite(a) & torch.isfinite(b)
+    if bool(((~both) & ~((a == b) | (torch.isnan(a) & torch.isnan(b)))).any()):
+        return float("inf")
+    return float((a - b).abs()[both].max()) if bool(both.any()) else 0.0
+
+
+def _row_gap(a, b) -> torch.Tensor:
+    """Per row (every dim but the head dim, for o): max |a - b|, inf where one is NaN/inf and the other differs."""
+    a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    gap = torch.where(same, torch.zeros_like(a), (a - b).abs().nan_to_num(nan=float("inf")))
+    return gap.amax(dim=-1) if gap.dim() == 4 else gap
+
+
+def _fits(o, lse, var_o, var_lse, o_ref, lse_ref, allowed, heads=None) -> tuple | None:
+    """How well (o, lse) fit a variant, row by row; None when the variant does not explain them.
+
+    A row fits when it is within a few tolerances of the variant.  The variant explains the
+    output when every row that is wrong (does not fit the reference) fits the variant, and the
+    variant differs from the reference somewhere (else it fits any right answer).  Mistakes that
+    show in some rows only (at block edges, say) are explained so.  The result sorts best first:
+    (rows where the variant expected a difference that did not come, worst gap in the wrong rows).
+    A variant lse of None leaves the lse out (a mistake whose lse is off in a way of its own);
+    ``heads``, a (B, Hq) bool, limits the comparison to those (batch, head) pairs.
+    """
+    a_o, a_l = allowed
+    gap_var = _row_gap(o, var_o) / a_o
+    gap_ref = _row_gap(o, o_ref) / a_o
+    var_ref = _row_gap(var_o, o_ref) / a_o
+    if var_lse is not None:
+        gap_var = torch.maximum(gap_var, _row_gap(lse, var_lse) / a_l)
+        var_ref = torch.maximum(var_ref, _row_gap(var_lse, lse_ref) / a_l)
+    gap_ref = torch.maximum(gap_ref, _row_gap(lse, lse_ref) / a_l)
+    if heads is not None:
+        gap_var, gap_ref, var_ref = gap_var[heads], gap_ref[heads], var_ref[heads]
+    wrong = gap_ref > _FIT
+    if not bool(wrong.any()) or not bool((gap_var[wrong] <= _FIT).all()):
+        return None
+    if not bool((var_ref[wrong] > 2 * _FIT).any()):
+        return None
+    missed = int(((var_ref > 2 * _FIT) & ~wrong).sum())      # the variant differs there; the output does not
+    return (missed, float(gap_var[wrong].max()))
+
+
+def _unmasked_columns(t, width):
+    """What a kernel reads loading ``width`` >= D columns of each row of a contiguous ``t`` without the
+    head-dim mask: the next row's first numbers (0 past the end of the tensor)."""
+    B, H, N, D = t.shape
+    flat = t.detach().reshape(-1).double()
+    idx = torch.arange(B * H * N)[:, None] * D + torch.arange(width)[None, :]
+    inside = idx < flat.numel()
+    return torch.where(inside, flat[idx.clamp(max=flat.numel() - 1)], torch.zeros(())).view(B, H, N, width)
+
+
+def _restrided(t, row_stride=None, contiguous=False):
+    """``t``'s own memory read with another row stride (or as if it were contiguous), or None if that
+    would reach outside its storage."""
+    if contiguous:
+        strides = torch.empty(t.shape).stride()
+    else:
+        strides = (t.stride(0), t.stride(1), row_stride, t.stride(3))
+    if strides == t.stride():
+        return None
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, strides))
+    if last >= t.untyped_storage().nbytes() // t.element_size():
+        return None
+    base = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage())
+    return torch.as_strided(base, t.shape, strides, t.storage_offset())
+
+
+# -- where an error shows ----------------------------------------------------------------------------
+def _worst(got, ref):
+    err = (got.detach().double() - ref.double()).abs()
+    err = torch.where(torch.isfinite(ref) | torch.isfinite(got.double()), err, torch.zeros_like(err))
+    err = err.nan_to_num(nan=float("inf"))
+    return tuple(int(i) for i in torch.unravel_index(torch.argmax(err), err.shape))
+
+
+def _where(idx, block_m=None) -> str:
+    b, h, i = idx[:3]
+    text = f"b={b}, head {h}, row {i}"
+    if block_m:
+        text += f" (query block {i // block_m})"
+    return text
+
+
+def _rows(rows: torch.Tensor) -> str:
+    idx = rows.nonzero().flatten().tolist()
+    if len(idx) > 1 and idx == list(range(idx[0], idx[-1] + 1)):
+        return f"rows {idx[0]}..{idx[-1]}"
+    return f"row{'s' if len(idx) > 1 else ''} " + ", ".join(map(str, idx[:6])) + (", ..." if len(idx) > 6 else "")
+
+
+# -- NaN ---------------------------------------------------------------------------------------------
+def _tile_state(visible, block_m, block_n):
+    """Per (row, padded key): whether the key's tile, for the row's query block, is full (every pair
+    visible), partial (some), or empty; as two bool (Nq, padded Nk) tensors (full, partial)."""
+    nq, nk = visible.shape
+    n_m, n_n = -(-nq // block_m), -(-nk // block_n)
+    padded = torch.zeros(n_m * block_m, n_n * block_n, dtype=torch.bool)
+    padded[:nq, :nk] = visible
+    some = padded.view(n_m, block_m, n_n, block_n).any(dim=3).any(dim=1)          # (n_m, n_n)
+    padded[nq:, :nk] = True              # rows past N_Q do not matter; keys past N_K always need the mask
+    full = padded.view(n_m, block_m, n_n, block_n).all(dim=3).all(dim=1)
+    expand = lambda t: t[:, None, :, None].expand(n_m, block_m, n_n, block_n).reshape(n_m * block_m, -1)[:nq]
+    return expand(full), expand(some & ~full)
+
+
+def _nan(o, lse, visible, block_m, block_n=None) -> Diagnosis | None:
+    bad = torch.isnan(o.detach().double()).flatten(3).any(dim=3) | torch.isnan(lse.detach().double())
+    if not bool(bad.any()):
+        return None
+    rows = bad.any(dim=1).any(dim=0)                    # (Nq,) rows with NaN in some batch and head
+    b, h, i = (int(x) for x in bad.nonzero()[0])
+    at = f"{int(bad.sum())} rows, first at {_where((b, h, i), block_m)}"
+    empty = ~visible.any(dim=1)
+    if bool(empty.any()) and bool((rows <= empty).all()):
+        return Diagnosis("nan_empty_rows", f"NaN in the rows that see no key ({_rows(empty)}): {at}.  Such a row "
+                         "ends with m = -inf and l = 0, and 0 / 0 (or exp(-inf - -inf)) is NaN; divide by 1 where "
+                         "l is 0 and subtract 0 while m is -inf, so they come out o = 0, lse = -inf")
+    first_key = torch.where(visible.any(dim=1), visible.float().argmax(dim=1), torch.zeros(visible.shape[0]).long())
+    blind = first_key > 0                               # rows whose first key tile may hold nothing for them
+    if block_m and block_n:                             # rows with a tile, visited for their block, blind to them
+        full, partial = _tile_state(visible, block_m, block_n)
+        nk = visible.shape[1]
+        seen = (full | partial)[:, :nk]
+        tile_of = torch.arange(nk) // block_n
+        blind = torch.zeros(visible.shape[0], dtype=torch.bool)
+        for t in range(-(-nk // block_n)):
+            cols = tile_of == t
+            blind |= seen[:, cols].any(dim=1) & ~visible[:, cols].any(dim=1)
+    if bool((blind[rows & ~empty]).all()):
+        return Diagnosis("nan_masked_tile", f"NaN in rows for which a key tile the kernel visits holds only "
+                         f"masked keys: {at}.  While a tile holds only masked keys for a row, its max there is -inf, and exp(-inf - (-inf)) "
+                         "is NaN; use 0 in place of a max that is -inf (m_safe) before subtracting it")
+    if block_m and bool(rows.any()):
+        blocks = sorted({i // block_m for i in rows.nonzero().flatten().tolist()})
+        full = [blk for blk in blocks if bool(rows[blk * block_m:(blk + 1) * block_m].all())]
+        if full and len(full) == len(blocks):
+            return Diagnosis("nan_unwritten", f"whole query blocks {blocks[:6]} are NaN ({at}): the grader fills "
+                             "outputs with NaN before the kernel runs, so these were never written: is the grid "
+                             "cdiv(N_Q, BLOCK_M) programs per (batch, head), and does each store its rows?")
+    return Diagnosis("nan", f"NaN in the output: {at}.  Look for 0 / 0, exp(-inf - -inf), inf - inf, or "
+                     "elements of the output that are never stored (the grader fills outputs with NaN first)")
+
+
+# -- attention ---------------------------------------------------------------------------------------
+def _visible(nq, nk, *, causal=False, window=None, sink_tokens=0, shift=0, top_left=False):
+    """The dense mask, optionally misplaced: ``shift`` moves the diagonal, ``top_left`` aligns it at key 0."""
+    offset = (0 if top_left else nk - nq) + shift
+    qi = torch.arange(nq)[:, None]
+    kj = torch.arange(nk)[None, :]
+    if not causal:
+        return torch.ones(nq, nk, dtype=torch.bool)
+    vis = kj <= qi + offset
+    if window is not None:
+        win = kj > qi + offset - window
+        if sink_tokens:
+            win = win | (kj < sink_tokens)
+        vis = vis & win
+    return vis
+
+
+def _window_at_row(nq, nk, window, sink_tokens):
+    """The window's own condition placed at the row index i, not at its diagonal: i - W < j (or a sink token)."""
+    qi, kj = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+    return (kj > qi - window) | (kj < sink_tokens)
+
+
+@dataclass
+class _Case:
+    """One failing call, as the variants need it: inputs, options, the mask, and where the error shows."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scale: float
+    given_scale: float | None
+    vis: torch.Tensor           # (Nq, Nk) bool: the right mask
+    causal: bool
+    window: int | None
+    sink_tokens: int
+    sinks: torch.Tensor | None
+    block_m: int | None
+    block_n: int | None
+    at: str                     # "b=0, head 1, row 5 (query block 0)": the worst error
+    o_ref: torch.Tensor
+    lse_ref: torch.Tensor
+
+    @property
+    def shape(self):
+        return (*self.q.shape, self.k.shape[1], self.k.shape[2])    # B, Hq, Nq, D, Hkv, Nk
+
+    def attend(self, **change):
+        """The float64 attention of this call with ``change`` made (another mask, scale, q, ...)."""
+        args = dict(q=self.q, k=self.k, v=self.v, scale=self.scale, visible=self.vis, sinks=self.sinks) | change
+        return _attend(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+    def tiles(self):
+        return f"tiles {self.block_m}x{self.block_n}; at {self.at}"
+
+
+def _base_and_scale(c: _Case):
+    """lse in the wrong base, o not normalised, another softmax scale."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    m_row = _row_max(c.q, c.k, c.scale, c.vis, c.sinks)
+    l_row = torch.exp(c.lse_ref - torch.where(torch.isinf(m_row), torch.zeros_like(m_row), m_row))
+    yield ("lse_log2", f"lse is in base 2: it is the reference x log2(e) = 1.4427 x (at {c.at}).  lse must be the "
+           "natural log: with scores in base 2 (exp2), store (m_i + log2(l_i)) * ln(2)", (c.o_ref, c.lse_ref * LOG2E))
+    yield ("lse_log2", f"lse mixes bases: it is m + log2(l) with m natural (at {c.at}).  Use the natural log: "
+           "lse = m + log(l)", (c.o_ref, m_row + torch.log2(l_row)))
+    yield ("o_not_normalised", f"o is not divided by the softmax sum: it equals acc = o x l (at {c.at}).  Divide "
+           "acc by l_i before storing o", (c.o_ref * l_row[..., None], c.lse_ref))
+    scales = {"1/D": 1.0 / D, "1": 1.0, "sm_scale x log2(e) with exp, not exp2": c.scale * LOG2E,
+              "sm_scale without log2(e) while using exp2": c.scale * LN2}
+    pad = 1 << (D - 1).bit_length()
+    if pad != D:
+        scales[f"1/sqrt({pad}), the padded head dim"] = 1.0 / math.sqrt(pad)
+    if c.given_scale is not None:
+        scales[f"the default 1/sqrt(D), not the sm_scale={c.given_scale:g} passed in"] = 1.0 / math.sqrt(D)
+    for name, other in scales.items():
+        if abs(other - c.scale) > 1e-9 * c.scale:    # its lse is off in a way of its own: o alone is compared
+            yield ("wrong_scale", f"the output is attention with softmax scale {name} = {other:.4g} instead of "
+                   f"{c.scale:.4g} (at {c.at}).  Scores are sm_scale * q.k (sm_scale = 1/sqrt(D) unless given); with "
+                   "exp2, fold log2(e) into that scale once", (c.attend(scale=other)[0], None))
+
+
+def _layout(c: _Case):
+    """Padding columns read without the head-dim mask; a tensor read with the wrong strides."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    pad = 1 << (D - 1).bit_length()
+    if pad != D and c.q.is_contiguous() and c.k.is_contiguous() and B * Hq > 1:
+        rest = torch.ones(B, Hq, dtype=torch.bool)
+        rest[-1, -1] = False               # the last head reads past the tensor: what is there is unknown
+        yield ("padding_columns_unmasked", f"the padding columns {D}..{pad - 1} of q and k are loaded without the "
+               f"head-dim mask, so they hold the next row's numbers and add to q.k (at {c.at}).  Load with "
+               "mask=... & (offs_d < HEAD_DIM)[None, :], other=0.0",
+               c.attend(q=_unmasked_columns(c.q, pad), k=_unmasked_columns(c.k, pad)), rest)
+    named = {"q": c.q, "k": c.k, "v": c.v}
+    for name, t in named.items():
+        tries = [(f"{name} is read with {other}'s row stride (stride_{other}n)", _restrided(t, t2.stride(2)))
+                 for other, t2 in named.items() if other != name]
+        tries.append((f"{name} is read as if it were contiguous, not with its own strides",
+                      _restrided(t, contiguous=True)))
+        for how, wrong in tries:
+            if wrong is not None:
+                yield ("wrong_strides", f"{how} (at {c.at}).  Address every tensor with its own strides",
+                       c.attend(**{name: wrong}))
+
+
+def _masks(c: _Case):
+    """The causal diagonal, the window, the sinks and the GQA head mapping, each misplaced."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    if c.causal:
+        kw = dict(causal=True, window=c.window, sink_tokens=c.sink_tokens)
+        if Nq != Nk:
+            yield ("causal_top_left", f"the causal diagonal is aligned top-left (query i sees keys j <= i); the "
+                   f"workbook aligns it bottom-right: j <= i + (N_K - N_Q) = i + {Nk - Nq} (at {c.at})",
+                   c.attend(visible=_visible(Nq, Nk, top_left=True, **kw)))
+        yield ("causal_off_by_one", f"the causal mask hides each row's own key (j < i + shift instead of "
+               f"j <= i + shift) (at {c.at})", c.attend(visible=_visible(Nq, Nk, shift=-1, **kw)))
+        yield ("causal_off_by_one", f"the causal mask lets each row see one key too many, the next one "
+               f"(j <= i + shift + 1) (at {c.at})", c.attend(visible=_visible(Nq, Nk, shift=1, **kw)))
+        yield ("mask_leak", f"the output is attention without the causal mask: rows see keys in their future "
+               f"(at {c.at})", c.attend(visible=torch.ones(Nq, Nk, dtype=torch.bool)))
+    if c.window is not None:
+        yield ("mask_leak", f"the output ignores the window (keys that left it still count; at {c.at}).  Mask keys "
+               "with j <= i' - W in the blocks at the window's far edge", c.attend(visible=_visible(Nq, Nk, causal=True)))
+        for w, how in ((c.window + 1, "W + 1 keys (j >= i' - W instead of j > i' - W)"),
+                       (c.window - 1, "W - 1 keys (the far edge is one key short)")):
+            if w >= 1:
+                yield ("window_off_by_one", f"the window keeps {how} (at {c.at})",
+                       c.attend(visible=_visible(Nq, Nk, causal=True, window=w, sink_tokens=c.sink_tokens)))
+        if Nq != Nk:
+            yield ("window_top_left", f"the window is placed at the row index i instead of its diagonal "
+                   f"i' = i + (N_K - N_Q) (at {c.at})",
+                   c.attend(visible=_window_at_row(Nq, Nk, c.window, c.sink_tokens) & _visible(Nq, Nk, causal=True)))
+        if c.sink_tokens:
+            yield ("sink_tokens_hidden", f"the first {c.sink_tokens} keys (the sink tokens) are hidden from rows "
+                   f"whose window has moved past them; they stay visible to every row (at {c.at})",
+                   c.attend(visible=_visible(Nq, Nk, causal=True, window=c.window)))
+    if c.sinks is not None:
+        yield ("sinks_ignored", f"the learned sinks are left out: the output is attention without them (at {c.at}).  "
+               "Each row's sum starts at exp(sinks[h]) (start m at sinks[h] in base 2 and l at 1)",
+               c.attend(sinks=None))
+        yield ("sinks_sign", f"the sink adds exp(-sinks[h]) to the sum instead of exp(sinks[h]) (at {c.at})",
+               c.attend(sinks=-c.sinks))
+        yield ("sinks_base", f"the sink logit is used in base 2 without converting it: the sum gets 2^sinks[h] "
+               f"instead of e^sinks[h]; multiply it by log2(e) first (at {c.at})", c.attend(sinks=c.sinks * LN2))
+    if Hkv not in (1, Hq):
+        yield ("gqa_head_mapping", f"query heads use the wrong K/V head: h % Hkv instead of h // (Hq // Hkv) "
+               f"(Hq={Hq}, Hkv={Hkv}; at {c.at}).  A group is {Hq // Hkv} consecutive query heads",
+               c.attend(head_map=torch.arange(Hq) % Hkv))
+
+
+def _tiles(c: _Case):
+    """The tiles a diagonal or a window's edge cuts (the masked phase of the loop), mishandled."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    if not (c.causal and c.block_m and c.block_n):
+        return
+    full, partial = _tile_state(c.vis, c.block_m, c.block_n)
+    if bool(partial.any()):
+        yield ("masked_tiles_dropped", f"the keys of the tiles that need a mask (the diagonal band, a window's "
+               f"edge) are left out: only whole visible tiles count ({c.tiles()}).  Run the masked phase over those "
+               "tiles too", c.attend(visible=c.vis & full[:, :Nk]))
+        yield ("masked_tiles_unmasked", f"the tiles that need a mask run without it: every key of the diagonal "
+               f"band's tiles counts, the future ones and the padding past N_K too ({c.tiles()}).  Mask "
+               "j <= i + (N_K - N_Q) in those tiles", c.attend(visible=c.vis | partial[:, :Nk],
+                                                               pad_keys=partial.shape[1] - Nk,
+                                                               pad_visible=partial[:, Nk:]))
+    if c.window is None:
+        return
+    causal_full, _ = _tile_state(_visible(Nq, Nk, causal=True), c.block_m, c.block_n)
+    far = (partial & causal_full)[:, :Nk]          # tiles cut by the window's far edge only
+    visited = (full | partial)[:, :Nk]
+    causal = _visible(Nq, Nk, causal=True)
+    if Nq != Nk:
+        yield ("window_top_left", f"the window's mask is placed at the row index i instead of its diagonal "
+               f"i' = i + (N_K - N_Q), in the key blocks the loop loads ({c.tiles()})",
+               c.attend(visible=_window_at_row(Nq, Nk, c.window, c.sink_tokens) & causal & visited))
+    yield ("window_mask_missing", f"the window's mask is never applied: in the key blocks it loads, a row sees "
+           f"every key up to its own, also those that left the window ({c.tiles()}).  Mask j > i' - W as well as "
+           "j <= i'", c.attend(visible=causal & visited))
+    if c.sink_tokens:
+        w_vis = _visible(Nq, Nk, causal=True, window=c.window)
+        first = torch.where(w_vis.any(dim=1), w_vis.float().argmax(dim=1), torch.full((Nq,), Nk))
+        lo = torch.stack([first[i:i + c.block_m].min() for i in range(0, Nq, c.block_m)]) // c.block_n
+        row_lo = lo.repeat_interleave(c.block_m)[:Nq, None]
+        yield ("sink_blocks_skipped", f"the key blocks of the sink tokens are never visited: rows whose window has "
+               f"moved past them lose the first {c.sink_tokens} keys ({c.tiles()}).  Loop over the sink tokens' "
+               "blocks as well as the window's",
+               c.attend(visible=c.vis & (torch.arange(Nk)[None, :] // c.block_n >= row_lo)))
+    if bool(far.any()):
+        yield ("window_edge_unmasked", f"the tiles at the window's far edge run without the window's mask: keys "
+               f"that left the window still count there ({c.tiles()}).  Mask j > i' - W in the tiles the window's "
+               "edge cuts", c.attend(visible=c.vis | far))
+        yield ("window_edge_tile_dropped", f"the tile at the window's far edge is skipped: its keys that are still "
+               f"inside the window are lost (the first key block is rounded up instead of down; {c.tiles()})",
+               c.attend(visible=c.vis & ~far))
+
+
+def _key_blocks(c: _Case, heavy: bool):
+    """The last, partial key block mishandled; the online softmax's rescale left out."""
+    B, Hq, Nq, D, Hkv, Nk = c.shape
+    blocks = (c.block_n,) if c.block_n else tuple(b for b in _BLOCKS if b < 2 * max(Nk, 16))
+    for bn in blocks:
+        tail = Nk % bn
+        if not tail:
+            continue
+        last = (f"key {Nk - 1}" if tail == 1 else f"keys {Nk - tail}..{Nk - 1}") + f", the partial last key block of {bn}"
+        dropped = c.vis.clone()
+        dropped[:, Nk - tail:] = False
+        yield ("drops_last_key_block", f"the output leaves out {last}: the loop must run over every key block, "
+               f"range(0, N_K, BLOCK_N) (at {c.at})", c.attend(visible=dropped))
+        if not c.causal:
+            yield ("keys_past_nk", f"keys past N_K={Nk} count: the {bn - tail} padding lanes of the last key block "
+                   f"(keys {Nk}..{Nk - tail + bn - 1}) score 0 instead of -inf and join the softmax sum (at {c.at}).  "
+                   "Set s to -inf where cols >= N_K before the row max", c.attend(pad_keys=bn - tail))
+    if heavy:
+        return
+    for bn in blocks:
+        if Nk <= bn:
+            continue
+        kw = dict(scale=c.scale, visible=c.vis, sinks=c.sinks, block_n=bn)
+        yield ("acc_not_rescaled", f"acc is not rescaled when the running max grows: acc = acc * alpha + p @ v, "
+               f"alpha = exp(m_old - m_new) (key blocks of {bn}; the error shows in rows whose max arrives after "
+               f"key block 0, e.g. {c.at})", _tiled(c.q, c.k, c.v, rescale_acc=False, **kw))
+        yield ("l_not_rescaled", f"l is not rescaled when the running max grows: l = l * alpha + rowsum(p) (key "
+               f"blocks of {bn}; at {c.at})", _tiled(c.q, c.k, c.v, rescale_l=False, **kw))
+        yield ("no_rescale", f"neither l nor acc is rescaled when the running max grows: multiply both by alpha = "
+               f"exp(m_old - m_new) (key blocks of {bn}; at {c.at})",
+               _tiled(c.q, c.k, c.v, rescale_acc=False, rescale_l=False, **kw))
+
+
+def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], block_m=None,
+              block_n=None) -> Diagnosis | None:
+    """The most likely known mistake behind a wrong ``(o, lse)``, or None when none explains it."""
+    if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor)):
+        return None
+    if o.shape != q.shape or lse.shape != q.shape[:3]:
+        return None
+    causal, window = bool(opts.get("causal")), opts.get("window")
+    sink_tokens, sinks = opts.get("sink_tokens") or 0, opts.get("sinks")
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    given_scale = opts.get("sm_scale")
+    scale = given_scale if given_scale is not None else 1.0 / math.sqrt(D)
+    vis = masks.materialize(masks.attention_mask(Nq, Nk, causal=causal, window=window, sink_tokens=sink_tokens),
+                            Nq, Nk).clone()
+    nan = _nan(o, lse, vis, block_m, block_n)
+    if nan:
+        return nan
+    if B * Hq * Nq * Nk > 4 * _DENSE_LIMIT:
+        return None                  # real GPU sizes: some twenty float64 attentions would take minutes
+    o_ref, lse_ref = _attend(q, k, v, scale=scale, visible=vis, sinks=sinks)
+    allowed = (max(allowed[0], 1e-12), max(allowed[1], 1e-12))
+    idx = _worst(o, o_ref) if _max_gap(o, o_ref) / allowed[0] >= _max_gap(lse, lse_ref) / allowed[1] \
+        else _worst(lse, lse_ref)
+    case = _Case(q, k, v, scale, given_scale, vis, causal, window, sink_tokens, sinks, block_m, block_n,
+                 _where(idx, block_m), o_ref, lse_ref)
+    heavy = B * Hq * Nq * Nk > _DENSE_LIMIT
+    variants = [*_base_and_scale(case), *_layout(case), *_masks(case), *_tiles(case), *_key_blocks(case, heavy)]
+
+    fitting = []
+    for cause, message, (var_o, var_lse), *heads in variants:
+        fit = _fits(o, lse, var_o, var_lse, o_ref, lse_ref, allowed, heads[0] if heads else None)
+        if os.environ.get("WORKBOOK_DIAGNOSIS_DEBUG"):        # for whoever adds a variant: how each one fits
+            print(f"diagnose: {cause:28} fit {fit}", file=sys.stderr)
+        if fit is not None:
+            fitting.append((fit, cause, message, var_o))
+    if not fitting:
+        return None
+    fit, cause, message, var_o = min(fitting, key=lambda f: f[0])
+    twins = []                       # causes that fit as well: these inputs cannot tell them apart
+    for other_fit, other, _, other_o in fitting:
+        if other != cause and other not in twins and (other_fit[0] == fit[0] and
+                                                      _max_gap(var_o, other_o) <= _FIT * allowed[0]):
+            twins.append(other)
+    if twins:
+        message += f".  These inputs cannot tell it from: {', '.join(twins)}"
+    return Diagnosis(cause, message, tuple(twins))
+
+
+def explain_attention(o, lse, q, k, v, *, block_m=None, block_n=None, **opts) -> str:
+    """For notebooks' check cells: "likely cause: ..." for a wrong (o, lse), or "" when no known mistake fits.
+
+    The tolerance is the grader's (PyTorch's own error in this dtype, the attention floor); tensors may
+    live on any device.
+    """
+    from kernels import reference, tolerance
+    cpu = lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t
+    o, lse, q, k, v = map(cpu, (o, lse, q, k, v))
+    opts = {key: cpu(val) for key, val in opts.items()}
+    o_ref, lse_ref = reference.attention(q, k, v, **opts)
+    o_pt, lse_pt = reference.attention(q, k, v, **opts, compute_dtype=tolerance.baseline_dtype(q.dtype))
+    allowed = (tolerance.allowed(o_ref, o_pt, floor=tolerance.attention_floor(o_ref, lse_ref)),
+               tolerance.allowed(lse_ref, lse_pt))
+    found = safely(attention, o, lse, q, k, v, opts, allowed=allowed, block_m=block_m, block_n=block_n)
+    return f"likely cause: {found.message}" if found else ""
+
+
+def _row_max(q, k, scale, vis, sinks):
+    """Each row's max scaled score over its visible keys (and the sink): the m of the online softmax."""
+    qd, kd = q.detach().double(), k.detach().double()
+    group = q.shape[1] // k.shape[1]
+    s = (qd @ kd.repeat_interleave(group, dim=1).transpose(-1, -2)) * scale
+    m = s.masked_fill(~vis, float("-inf")).amax(dim=-1)
+    if sinks is not None:
+        m = torch.maximum(m, sinks.double().view(1, -1, 1))
+    return m
+
+
+# -- softmax (stages 1 and 2) --------------------------------------------------------------------
+def _softmax_tiled(x, block, *, rescale=True, pad_zero=False, drop_last=False):
+    """A row softmax by blocks of ``block`` in float64, with one known mistake."""
+    x = x.detach().double()
+    n = x.shape[-1]
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=torch.float64)
+    l = torch.zeros(x.shape[:-1], dtype=torch.float64)
+    stop = n - n % block if drop_last and n % block else n
+    for j0 in range(0, stop, block):
+        xb = x[..., j0:j0 + block]
+        if pad_zero and xb.shape[-1] < block:
+            xb = torch.cat([xb, torch.zeros(*xb.shape[:-1], block - xb.shape[-1], dtype=torch.float64)], dim=-1)
+        m_new = torch.maximum(m, xb.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(torch.where(torch.isinf(m), torch.full_like(m, float("-inf")), m) - m_safe)
+        l = (l * alpha if rescale else l) + torch.exp(xb - m_safe[..., None]).sum(dim=-1)
+        m = m_new
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(x - m_safe[..., None])
+    return e / torch.where(l == 0, torch.ones_like(l), l)[..., None]
+
+
+def softmax(out, x, *, allowed: float, block: int | None = None) -> Diagnosis | None:
+    """The most likely known mistake behind a wrong row softmax of ``x`` (last dim), or None."""
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        return None
+    got, xd = out.detach().double(), x.detach().double()
+    ref = _softmax_tiled(xd, max(1, xd.shape[-1]))
+    bad = ~torch.isfinite(got)
+    flat_bad = bad.reshape(-1, x.shape[-1]).any(dim=1)
+    xrows = xd.reshape(-1, x.shape[-1])
+    if bool(flat_bad.any()):
+        rows = flat_bad.nonzero().flatten().tolist()
+        masked_rows = [r for r in rows if bool(torch.isneginf(xrows[r]).any())]
+        finite = torch.where(torch.isfinite(xrows), xrows.abs(), torch.zeros_like(xrows))
+        big = [r for r in rows if float(finite[r].max()) > 80]
+        where = f"rows {rows[:6]}{' ...' if len(rows) > 6 else ''}"
+        if len(masked_rows) == len(rows):
+            return Diagnosis("nan_masked_tile", f"NaN or inf in {where}, rows with -inf entries.  While a row (or "
+                             "a block of it) has shown only -inf, its max is -inf and exp(-inf - (-inf)) is NaN: "
+                             "subtract 0 instead of a max that is -inf, and divide by 1 where the sum is 0")
+        if len(big) == len(rows):
+            return Diagnosis("overflow", f"inf or NaN in {where}, rows with values up to "
+                             f"{float(finite[big[0]].max()):.3g}: exp overflows past ~88 in float32.  Take exp "
+                             "of x - max, never of x itself")
+        return Diagnosis("nan", f"NaN or inf in {where}")
+    allowed = max(allowed, 1e-12)
+    blocks = (block,) if block else tuple(b for b in (16, 32, 64, 128, 256, 1024) if b < x.shape[-1])
+    candidates = []
+    for bn in blocks:
+        candidates.append(("softmax_no_rescale", f"the running sum is not rescaled when the max grows (blocks of "
+                           f"{bn}): l = l * exp(m - m_new) + sum(exp(x_block - m_new))",
+                           _softmax_tiled(xd, bn, rescale=False)))
+        if x.shape[-1] % bn:
+            candidates.append(("softmax_pads_with_zero", f"the lanes past the end of the row (blocks of {bn}) load "
+                               "as 0 instead of -inf, so exp(0 - m) joins the sum: load with other=-inf",
+                               _softmax_tiled(xd, bn, pad_zero=True)))
+            candidates.append(("softmax_drops_last_block", f"the sum leaves out the last, partial block (blocks of "
+                               f"{bn}): loop over range(0, N, BLOCK_N)", _softmax_tiled(xd, bn, drop_last=True)))
+    best = None
+    for cause, message, var in candidates:
+        fit = _fits(got, got, var, None, ref, ref, (allowed, allowed))
+        if fit is not None and (best is None or fit < best[0]):
+            best = (fit, cause, message)
+    return Diagnosis(best[1], best[2]) if best else None
+
+
+# -- a weighted row sum (stage 2) ------------------------------------------------------------------
+def _read_as(t, strides):
+    """What a kernel reads addressing 2-D ``t``'s memory with other ``strides``: (values, rows read
+    wholly inside the tensor's storage); elements outside it are unknown (0 here, rows left out)."""
+    flat = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).double()
+    offsets = (t.storage_offset() + torch.arange(t.shape[0])[:, None] * strides[0]
+               + torch.arange(t.shape[1])[None, :] * strides[1])
+    inside = (offsets >= 0) & (offsets < flat.numel())
+    values = torch.where(inside, flat[offsets.clamp(0, max(flat.numel() - 1, 0))], torch.zeros(()))
+    return values, inside.all(dim=1)
+
+
+def row_sum(out, x, w, *, allowed: float, block: int | None = None) -> Diagnosis | None:
+    """The most likely known mistake behind a wrong ``(x * w).sum(-1)``, or None."""
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape[:1]:
+        return None
+    got, xd, wd = out.detach().double(), x.detach().double(), w.detach().double()
+    ref = (xd * wd).sum(-1)
+    n = x.shape[1]
+    allowed = max(allowed, 1e-12)
+    candidates = []
+    for bn in (block,) if block else (16, 32, 64, 128, 256):
+        blocks = -(-n // bn)
+        for kept, how in (((blocks - 1) * bn, "leaves out the last column block"),
+                          (n // bn * bn, "runs over whole column blocks only, leaving out a partial last one")):
+            if 0 <= kept < n:
+                lost = f"column {kept} is" if kept == n - 1 else f"columns {kept}..{n - 1} are"
+                candidates.append(("row_sum_drops_last_block", f"the loop {how} (blocks of {bn}: {lost} never "
+                                   "added).  Loop over range(0, N, BLOCK_N) and mask the last block",
+                                   (xd[:, :kept] * wd[:kept]).sum(-1), None))
+    for strides, how in (((x.stride(0), 1), "steps along a row with stride 1 instead of stride_xn"),
+                         ((n, x.stride(1)), "starts row r at r * N instead of r * stride_xm")):
+        if strides != tuple(x.stride()):
+            values, rows = _read_as(x, strides)
+            candidates.append(("wrong_strides", f"x is read with the wrong strides: the kernel {how}, true only "
+                               f"for a contiguous x (x here has strides {tuple(x.stride())})",
+                               (values * wd).sum(-1), rows))
+    best = None
+    for cause, message, var, rows in candidates:
+        fit = _fits(got, got, var, None, ref, ref, (allowed, allowed), rows)
+        if fit is not None and (best is None or fit < best[0]):
+            best = (fit, cause, message)
+    return Diagnosis(best[1], best[2]) if best else None

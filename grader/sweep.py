@@ -1,0 +1,207 @@
+"""python -m grader sweep stage3 --seeds 200: how close the reference comes to failing each check.
+
+Inputs are fresh every run, so a tolerance that the reference meets on one seed may fail it on
+another, and a correct learner would then see FAIL.  The sweep grades the reference solution
+on many seeds and reports, for every check, its worst *margin*: the largest error / allowed of
+all the comparisons the check made (1.0 is the edge of failing).  The reference is trusted
+code, so it runs here, in this process, with no worker to start per seed; checks and
+tolerances are exactly the grader's.
+
+    python -m grader sweep stage3 --seeds 200               seeds 0..199
+    python -m grader sweep stage1,stage2 --seeds 1000 --first-seed 5000
+    python -m grader sweep stage3 --seed 1835936174 --only head_dims_padded
+    python -m grader sweep stage5 --seeds 1000 --jobs 16    seeds dealt out to 16 processes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+from grader import stages
+from grader.check import CheckFailed, CheckSkipped, Ctx
+from grader.worker import LearnerError, _to_cpu, _to_device
+from kernels import loader, runtime
+
+
+class InProcess:
+    """The reference solution behind the worker's ``call`` interface, run in this process."""
+
+    def __init__(self, stage):
+        self.stage, self.source = stage.module, "solutions"
+        self._module = loader.load_stage(stage.module, "solutions")
+
+    def call(self, fn_name, *args, timeout=None, **kwargs):
+        fn = getattr(self._module, fn_name)
+        args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the checks expect errors as the worker reports them
+            raise LearnerError(type(exc).__name__, str(exc), traceback.format_exc(limit=-4)) from None
+        if runtime.ON_GPU:
+            import torch
+            torch.cuda.synchronize()
+        return _to_cpu(result)
+
+    def output_tail(self, limit: int = 0) -> str:
+        return ""
+
+
+@dataclass
+class Margin:
+    check: str
+    runs: int = 0
+    failures: list[int] = field(default_factory=list)     # seeds where the reference failed
+    worst: float = 0.0                                     # largest error / allowed over every seed
+    worst_seed: int | None = None
+    worst_what: str = ""                                   # the comparison that made it
+    margins: list[float] = field(default_factory=list)     # each seed's worst, for the median
+
+    def add(self, seed: int, margins: list[tuple[str, float]], failed: bool) -> None:
+        self.runs += 1
+        if failed:
+            self.failures.append(seed)
+        if not margins:
+            return
+        what, value = max(margins, key=lambda m: m[1])
+        self.margins.append(value)
+        if value > self.worst or self.worst_seed is None:
+            self.worst, self.worst_seed, self.worst_what = value, seed, what
+
+    @property
+    def median(self) -> float:
+        ordered = sorted(self.margins)
+        return ordered[len(ordered) // 2] if ordered else math.nan
+
+
+def sweep(stage, seeds, *, only=None, progress=None) -> dict[str, Margin]:
+    """Grade ``stage``'s reference on every seed of ``seeds``; the margin of each check that runs here."""
+    runner = InProcess(stage)
+    checks = [c for c in stage.checks() if (only is None or c.name in only) and (runtime.ON_GPU or not c.gpu)]
+    found = {c.name: Margin(c.name) for c in checks}
+    try:
+        _sweep_seeds(runner, checks, seeds, found, progress)
+    except KeyboardInterrupt:        # Ctrl-C (or SIGTERM, see main): the margins of the seeds done so far
+        pass
+    return found
+
+
+def _sweep_seeds(runner, checks, seeds, found, progress) -> None:
+    for n, seed in enumerate(seeds):
+        for c in checks:
+            ctx = Ctx(runner, seed, timeout=c.timeout)
+            failed = False
+            try:
+                c.fn(ctx)
+            except CheckSkipped:
+                continue
+            except (CheckFailed, LearnerError):
+                failed = True
+            found[c.name].add(seed, ctx.margins, failed)
+        if progress:
+            progress(n + 1, seed)
+
+
+def _sweep_part(stage_name: str, seeds: list[int], only) -> dict[str, Margin]:
+    return sweep(stages.find(stage_name), seeds, only=only)
+
+
+def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None) -> dict[str, Margin]:
+    """``sweep`` with the seeds dealt out to ``jobs`` processes (spawned: each imports torch afresh)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    seeds = list(seeds)
+    parts = [seeds[i::jobs] for i in range(jobs) if seeds[i::jobs]]
+    found: dict[str, Margin] = {}
+    with ProcessPoolExecutor(len(parts), mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_sweep_part, stage.name, part, only) for part in parts]
+        done = 0
+        for future in as_completed(futures):
+            for name, m in future.result().items():
+                total = found.setdefault(name, Margin(name))
+                total.runs += m.runs
+                total.failures += m.failures
+                total.margins += m.margins
+                if m.worst_seed is not None and (total.worst_seed is None or m.worst > total.worst):
+                    total.worst, total.worst_seed, total.worst_what = m.worst, m.worst_seed, m.worst_what
+            done += 1
+            if progress:
+                progress(sum(len(p) for p in parts[:done]), "")
+    order = [c.name for c in stage.checks()]
+    return {name: found[name] for name in order if name in found}
+
+
+def format_table(stage, found: dict[str, Margin], seconds: float) -> str:
+    seeds = max((m.runs for m in found.values()), default=0)   # fewer than asked when stopped early
+    width = max([len(name) for name in found] + [5])
+    lines = [f"{stage.name}: the reference on {seeds} seed(s), {runtime.describe()}, {seconds:.0f} s",
+             f"  {'check':<{width}}  worst margin  median   seed of worst  failed  (margin = error / allowed)"]
+    for m in found.values():
+        if not m.margins:
+            lines.append(f"  {m.check:<{width}}  {'-':>12}  {'-':>6}   {'':>13}  {len(m.failures):>6}  "
+                         "(no tolerance comparison: exact checks)")
+            continue
+        lines.append(f"  {m.check:<{width}}  {m.worst:>12.3f}  {m.median:>6.3f}   {m.worst_seed:>13}  "
+                     f"{len(m.failures):>6}  {m.worst_what[:70]}")
+    failing = {name: m.failures[:5] for name, m in found.items() if m.failures}
+    if failing:
+        lines.append("  FAILED on: " + "; ".join(f"{n} seeds {s}" for n, s in failing.items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader sweep", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", help="stage(s) to sweep: stage3, or stage1,stage2")
+    parser.add_argument("--seeds", type=int, default=20, help="how many seeds (default 20)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--seed", type=int, action="append", help="exactly these seeds (repeatable)")
+    parser.add_argument("--only", action="append", metavar="CHECK", help="only this check (repeatable)")
+    parser.add_argument("--json", metavar="FILE", help="also write every check's margins there")
+    parser.add_argument("--jobs", type=int, default=1, help="processes to deal the seeds out to (CPU: one per "
+                                                            "core; a GPU is best left to one)")
+    args = parser.parse_args(argv)
+    import signal
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # stopped (a time limit): report what was done
+    if not (loader.ROOT / "solutions").is_dir():
+        print("this copy of the workbook has no solutions/: there is no reference to sweep", file=sys.stderr)
+        return 2
+    try:
+        chosen = [stages.find(name) for name in args.stage.split(",")]
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    seeds = args.seed or list(range(args.first_seed, args.first_seed + args.seeds))
+    ok, record = True, {}
+    for stage in chosen:
+        names = {c.name for c in stage.checks()}
+        unknown = [n for n in args.only or [] if n not in names]
+        if unknown:
+            print(f"no check named {', '.join(map(repr, unknown))} in {stage.name}; the checks are: "
+                  f"{', '.join(sorted(names))}", file=sys.stderr)
+            return 2
+        start = time.monotonic()
+
+        def progress(done, seed, stage=stage):
+            print(f"\r{stage.name}: seed {done}/{len(seeds)} ({seed}), {time.monotonic() - start:.0f} s",
+                  end="", file=sys.stderr, flush=True)
+
+        if args.jobs > 1:
+            found = sweep_parallel(stage, seeds, jobs=args.jobs, only=args.only, progress=progress)
+        else:
+            found = sweep(stage, seeds, only=args.only, progress=progress)
+        print(file=sys.stderr)
+        print(format_table(stage, found, time.monotonic() - start))
+        ok = ok and not any(m.failures for m in found.values())
+        record[stage.name] = {n: {k: v for k, v in asdict(m).items() if k != "margins"} | {"median": m.median}
+                              for n, m in found.items()}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": runtime.describe(), "seeds": [seeds[0], seeds[-1], len(seeds)], "stages": record},
+                      f, indent=1)
+    return 0 if ok else 1

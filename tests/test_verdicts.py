@@ -1,0 +1,219 @@
+"""Honest statuses: an unfilled hole is todo wherever it is, named by its label at its current line."""
+
+import re
+
+from grader import holes, release, stages
+from grader.grade import format_result, grade_stage
+from kernels.loader import ROOT
+
+STAGE1, STAGE3 = stages.find("stage1"), stages.find("stage3")
+
+
+def _partly_done(stage, tmp_path, unfilled: set[str], *, lines_above: int = 0):
+    """The stage file as a learner who filled every TODO except ``unfilled`` would have it.
+
+    Made by release itself: the solution with the markers of the filled holes removed, rendered.
+    ``lines_above`` comment lines go at the top, as a learner's notes would.
+    """
+    name = f"{stage.module}.py"
+    lines = (ROOT / "solutions" / name).read_text().splitlines(keepends=True)
+    out, label, keep_markers, inside = [], None, True, False
+    for line in lines:
+        found = re.search(r"TODO\(\w+\)", line)
+        if found and line.lstrip().startswith("#"):
+            label = found.group(0)[5:-1]
+        if release._BEGIN.match(line):
+            keep_markers, inside = (label in unfilled or label is None), True
+            if not keep_markers:
+                continue
+        elif release._END.match(line) and inside:
+            inside, label = False, None
+            if not keep_markers:
+                continue
+        out.append(line)
+    text = release.render("".join(out), name)
+    text = "".join(f"# my note {i}\n" for i in range(lines_above)) + text
+    folder = tmp_path / "sub"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+    return folder, text
+
+
+def _line_of(text, label):
+    return next(i for i, ln in enumerate(text.splitlines(), 1) if f"TODO({label})" in ln)
+
+
+def test_the_released_files_have_their_holes_and_the_solutions_none():
+    for stage in stages.STAGES:
+        released = holes.find(ROOT / "stages", stage).unfilled
+        assert released, f"{stage.name}: no hole found in the released file"
+        assert all(h.label.startswith("TODO(") for h in released)
+        assert holes.find(ROOT / "solutions", stage).unfilled == []
+
+
+def test_holes_follow_the_learners_edits(tmp_path):
+    folder, text = _partly_done(STAGE3, tmp_path, {"3b"}, lines_above=7)
+    found = holes.find(folder, STAGE3).unfilled
+    assert [(h.label, h.line, h.function) for h in found] == \
+        [("TODO(3b)", _line_of(text, "3b"), "_flash_forward_kernel")]
+    plain, _ = _partly_done(STAGE3, tmp_path / "plain", {"3b"})
+    assert found[0].line == holes.find(plain, STAGE3).unfilled[0].line + 7
+    # the wrapper reaches its kernel; padding_waste does not
+    assert holes.find(folder, STAGE3).reached_by({"flash_attention"}) == found
+    assert holes.find(folder, STAGE3).reached_by({"padding_waste"}) == []
+
+
+def test_a_filled_hole_is_no_longer_one(tmp_path):
+    folder, text = _partly_done(STAGE3, tmp_path, {"3b"})
+    (folder / f"{STAGE3.module}.py").write_text(text.replace("        pass\n\n    # TODO(3c)",
+                                                             "        k = 1\n\n    # TODO(3c)"))
+    assert holes.find(folder, STAGE3).unfilled == []
+
+
+def test_a_kernel_hole_is_todo_with_its_current_line_and_validation_waits(tmp_path):
+    folder, text = _partly_done(STAGE3, tmp_path, {"3b"}, lines_above=5)
+    result = grade_stage(STAGE3, str(folder), only=["unequal_lengths", "padding_waste_values", "bad_input"])
+    got = {r.name: r for r in result.results}
+    line = _line_of(text, "3b")
+    assert got["unequal_lengths"].status == "todo"
+    assert f"TODO(3b) at {STAGE3.module}.py line {line} in _flash_forward_kernel" in got["unequal_lengths"].message
+    assert "hint" not in got["unequal_lengths"].message         # no invented explanation
+    assert got["padding_waste_values"].status == "pass"
+    assert got["bad_input"].status == "todo" and got["bad_input"].earned == 0
+    assert "bad input counts once flash_attention is written" in got["bad_input"].message
+
+
+def test_a_raising_stub_is_todo_at_its_current_line_not_the_released_one(tmp_path):
+    folder, text = _partly_done(STAGE1, tmp_path, {"1c"}, lines_above=3)
+    result = grade_stage(STAGE1, str(folder), only=["softmax_float16", "attention_matches_reference",
+                                                    "attention_bad_input"])
+    got = {r.name: r for r in result.results}
+    assert got["softmax_float16"].status == "pass"
+    assert got["attention_matches_reference"].status == "todo"
+    assert f"TODO(1c) at {STAGE1.module}.py line {_line_of(text, '1c')}" in got["attention_matches_reference"].message
+    assert got["attention_bad_input"].status == "todo" and got["attention_bad_input"].earned == 0
+
+
+def test_an_import_error_is_shown_once(tmp_path):
+    folder, text = _partly_done(STAGE1, tmp_path, set())
+    (folder / f"{STAGE1.module}.py").write_text(text.replace("import math\n", "import math\ndef broken(:\n", 1))
+    result = grade_stage(STAGE1, str(folder))
+    shown = format_result(STAGE1, result)
+    assert result.status == "import error"
+    assert shown.count("SyntaxError") == 1, shown
+    broken = next(i for i, ln in enumerate(text.splitlines(), 1) if ln == "import math") + 1
+    assert f"line {broken}" in shown, shown
+
+
+def test_a_kernel_error_points_at_the_kernel_line_not_the_launch(tmp_path):
+    text = (ROOT / "solutions" / f"{STAGE3.module}.py").read_text()
+    good = "s = tl.dot(q, tl.trans(k)) * qk_scale"
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / f"{STAGE3.module}.py").write_text(text.replace(good, "s = tl.dot(q, kk) * qk_scale"))
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if good in ln)
+    result = grade_stage(STAGE3, str(folder), only=["unequal_lengths"])
+    message = result.results[0].message
+    assert result.results[0].status == "FAIL"
+    assert f"line {line}, in _flash_forward_kernel: s = tl.dot(q, kk)" in message, message
+    assert "hint" not in message
+
+
+def test_a_gpu_compile_error_is_mapped_to_its_file_line():
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    from grader import locate
+    text = (ROOT / "solutions" / f"{STAGE3.module}.py").read_text()
+    lines = text.splitlines()
+    def_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("def _flash_forward_kernel("))
+    bad = next(i for i, ln in enumerate(lines, 1) if "s = tl.dot(q, tl.trans(k)) * qk_scale" in ln)
+    src = "\n".join(lines[def_line - 1:])                   # Triton's src starts at the def line
+    node = ast.Name(id="k", lineno=bad - def_line + 1, col_offset=8)
+    message = str(CompilationError(src, node, "incompatible dimensions"))
+    got = locate.compile_error(message, text, f"{STAGE3.module}.py")
+    assert got == (f"the kernel does not compile: incompatible dimensions ({STAGE3.module}.py line {bad}, in "
+                   f"_flash_forward_kernel: {lines[bad - 1].strip()})")
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "grader", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_cli_refuses_an_unknown_check_and_lists_the_real_ones():
+    bad = _cli("stage1", "--solutions", "--only", "softmax_float16", "--only", "softmax_fp16")
+    assert bad.returncode == 2
+    assert "no check named 'softmax_fp16'" in bad.stderr and "softmax_float16" in bad.stderr
+    assert "grading" not in bad.stdout                      # nothing ran
+
+
+def test_cli_list_and_stage_help_name_every_check_with_points_and_gpu():
+    listing = _cli("stage3", "--list")
+    assert listing.returncode == 0
+    for c in STAGE3.checks():
+        row = next((ln for ln in listing.stdout.splitlines() if ln.split()[:1] == [c.name]), None)
+        assert (row is not None) != c.hidden, c.name
+        if row:
+            assert row.split()[1] == str(c.points) and ("GPU only" in row) == c.gpu
+    helped = _cli("stage3", "--help")
+    assert helped.returncode == 0 and "stages/stage3_flash_forward.py" in helped.stdout
+    assert all(c.name in helped.stdout for c in STAGE3.checks() if not c.hidden)
+
+
+def test_progress_caches_by_content_and_names_the_next_stage(tmp_path, monkeypatch):
+    import io
+
+    from grader import progress
+    monkeypatch.setattr(progress, "CACHE", tmp_path / "cache")
+    folder, text = _partly_done(STAGE1, tmp_path, {"1d"})
+    first, second = io.StringIO(), io.StringIO()
+    assert progress.progress(str(folder), out=first) == 1
+    assert "grading stage1 (9 checks)" in first.getvalue() and "from .grader-cache" not in first.getvalue()
+    assert "next: stage1: fill in what the 4 todo check(s) above name (" in first.getvalue()
+    assert f"notebooks/{STAGE1.notebook}" in first.getvalue()
+    progress.progress(str(folder), out=second)
+    assert "grading stage1" not in second.getvalue() and "1 stage(s) unchanged" in second.getvalue()
+    table = lambda out: [ln for ln in out.getvalue().splitlines() if ln.startswith("  stage1 ")]
+    assert table(first) == table(second)
+    (folder / f"{STAGE1.module}.py").write_text(text + "\n# an edit\n")     # new content: graded again
+    third = io.StringIO()
+    progress.progress(str(folder), out=third)
+    assert "grading stage1" in third.getvalue()
+
+
+def test_without_solutions_a_todo_above_a_stub_is_a_hole(tmp_path):
+    # A learner's bundle has no solutions/: holes are then TODO comments right above a stub release writes.
+    name = f"{STAGE3.module}.py"
+    text = (ROOT / "stages" / name).read_text()
+    with_solutions = [label for label, _ in holes.unfilled_in(text, name)]
+    without = holes.unfilled_in(text, name, solutions=tmp_path / "no-solutions")
+    assert [label for label, _ in without] == with_solutions == ["TODO(3d)", "TODO(3a)", "TODO(3b)", "TODO(3c)"]
+    assert [line for _, line in without] == [_line_of(text, x) for x in ("3d", "3a", "3b", "3c")]
+    filled = text.replace("        pass\n\n    # TODO(3c)", "        acc += 1\n\n    # TODO(3c)")
+    assert "TODO(3b)" not in [label for label, _ in holes.unfilled_in(filled, name, solutions=tmp_path / "none")]
+
+
+def test_notebooks_get_the_graders_diagnosis(tmp_path):
+    import importlib.util
+
+    import torch
+
+    from grader import diagnose, mutants
+    from kernels import loader
+    stage = stages.find("stage5")
+    spec = importlib.util.spec_from_file_location("wrong5", ROOT / "tests" / "wrong" / "stage5.py")
+    wrong = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wrong)
+    mutant = next(m for m in wrong.MUTANTS if m.name == "top_left_alignment")
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 2, 17, 32, generator=g), torch.randn(1, 2, 129, 32, generator=g), \
+        torch.randn(1, 2, 129, 32, generator=g)
+    for folder, expected in ((mutants.build(stage, mutant, tmp_path / "wrong"), "causal diagonal is aligned top-left"),
+                             (ROOT / "solutions", None)):
+        module = loader.load_file(folder / f"{stage.module}.py")
+        o, lse = module.flash_attention(q, k, v, causal=True, block_m=16, block_n=32)
+        cause = diagnose.explain_attention(o, lse, q, k, v, block_m=16, block_n=32, causal=True)
+        assert (expected in cause) if expected else cause == "", cause
