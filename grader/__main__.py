@@ -6,6 +6,7 @@
     python -m grader stage3 --notebook   also run notebooks/03_flash_forward.ipynb with nbval
     python -m grader release             regenerate stages/ from solutions/ (keeps your edits)
     python -m grader release --check     are stages/ and solutions/ in sync?
+    python -m grader doctor              what runs on this machine, what does not, and how to fix it
     python -m grader bench stage5        time stage 5's reference kernel against SDPA and FlexAttention
                                          (needs a GPU; all: every stage; --learner: your stages/ file)
 
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "bench":
         from grader import bench
         return bench.main(argv[1:])
+    if argv and argv[0] == "doctor":
+        from grader import doctor
+        return doctor.main(argv[1:])
     from grader.limits import Limits, add_limit_options, limit_overrides
     parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,14 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.out and args.format == "table":
         parser.error("--out goes with --format json or --format gradescope")
 
-    from grader import stages
+    from grader import doctor, stages
     if args.stage is None:
+        if not doctor.guard(None)[0]:   # a platform the grader cannot run on: say where it can
+            return 2
         from grader.progress import progress
         return progress(source="solutions" if args.solutions else "stages")
     try:
         chosen = [stages.find(name) for name in args.stage.split(",")]
     except ValueError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    go, chosen = doctor.guard(chosen)   # without Triton: only the stages that need none
+    if not go:
         return 2
     from kernels.loader import ROOT
     if args.solutions and not (ROOT / "solutions").is_dir():
