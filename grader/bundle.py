@@ -2,8 +2,8 @@
 
 The learner's bundle is the workbook without the instructor's side:
 
-    README.md, LICENSE, pyproject.toml, setup.sh, .gitignore
-    kernels/, notebooks/, docs/
+    README.md, LICENSE, pyproject.toml, setup.sh, workbook, .gitignore
+    kernels/, notebooks/, docs/, constraints/
     grader/    without grader/checks/hidden/
     stages/    rendered from solutions/ now (with its .release.json), whatever stages/ holds here
     tests/     the tests that run without solutions/: not tests/wrong/ (its edits quote the
@@ -28,8 +28,8 @@ from pathlib import Path
 from grader import release, stages
 from kernels.loader import ROOT
 
-TOP_FILES = ("README.md", "LICENSE", "pyproject.toml", "setup.sh", ".gitignore")
-TOP_DIRS = ("kernels", "grader", "notebooks", "docs")
+TOP_FILES = ("README.md", "LICENSE", "pyproject.toml", "setup.sh", "workbook", ".gitignore")
+TOP_DIRS = ("kernels", "grader", "notebooks", "docs", "constraints")
 _JUNK = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
 
 
