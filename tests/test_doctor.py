@@ -218,3 +218,20 @@ def test_doctor_without_triton(no_triton):
     assert "stage3  no: needs Triton" in result.stdout
     n = len(stages.find("stage1").checks())
     assert f"stage1  {n} of {n} checks" in result.stdout
+
+
+def test_guard_on_windows_and_without_triton(monkeypatch):
+    said = []
+    chosen = [stages.find("stage1"), stages.find("stage3"), stages.find("stage4")]
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert doctor.guard(chosen, out=said.append) == (False, chosen)
+    assert "WSL2" in said[-1] and "docs/platforms.md" in said[-1]
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(runtime, "HAS_TRITON", False)
+    said.clear()
+    go, kept = doctor.guard(chosen, out=said.append)
+    assert go and [s.name for s in kept] == ["stage1", "stage4"]
+    assert "Triton has no build for macOS" in said[0] and said[-1].startswith("stage3 needs Triton")
+    assert doctor.guard(None, out=said.append) == (True, None)       # progress goes on, after the note
+    monkeypatch.setattr(runtime, "HAS_TRITON", True)
+    assert doctor.guard(chosen, out=said.append) == (True, chosen)
