@@ -251,7 +251,8 @@ def _gpu_findings(f: Facts) -> list[Finding]:
     if g.capability < (8, 0):
         out.append(Finding("bfloat16", "warn", f"{cc} has no bfloat16 tensor cores: the kernels take float16 and "
                            "float32 here, and bfloat16 checks fail with a message saying so; stage 4's CUDA kernel "
-                           "(mma.sync.m16n8k16, cp.async) needs sm_80",
+                           "(mma.sync.m16n8k16, cp.async) needs sm_80; float32 at head dim 256 does not fit "
+                           f"{g.smem_per_block // 1024} KB of shared memory",
                            "for bfloat16 and stage 4's kernel, an sm_80 or newer GPU (A100, L4, RTX 30 and up)"))
     if g.capability not in TESTED_CAPABILITIES:
         out.append(Finding("GPU", "note", f"{cc} is not one of the targets the tile tables are compiled for in "

@@ -81,8 +81,26 @@ def describe() -> str:
     return f"CPU: Triton interpreter (torch {torch.__version__}, no CUDA GPU visible)"
 
 
+def capability() -> tuple[int, int] | None:
+    """The GPU's compute capability, (9, 0) for an H100; None on the CPU.  Asked on first use, not at
+    import: querying the device starts CUDA, which a process about to fork must not have done."""
+    return torch.cuda.get_device_capability() if ON_GPU else None
+
+
+def has_bfloat16() -> bool:
+    """bfloat16 tensor cores: sm_80 (A100, RTX 30) and newer.  A T4 (sm_75) has float16 only."""
+    return ON_GPU and capability() >= (8, 0)
+
+
 def check_dtype(dtype: torch.dtype, *, name: str = "q") -> None:
     """Refuse dtypes the current device cannot run, with a message that says why."""
+    if dtype == torch.bfloat16 and ON_GPU and not has_bfloat16():
+        major, minor = capability()
+        raise TypeError(
+            f"{name}.dtype is torch.bfloat16, which needs an sm_80 or newer GPU (A100, RTX 30 and later); "
+            f"{torch.cuda.get_device_name()} is sm_{major}{minor} and has float16 tensor cores only. "
+            "Use torch.float16 (or torch.float32) here."
+        )
     if dtype in DTYPES:
         return
     if dtype == torch.bfloat16:
