@@ -8,6 +8,7 @@
     python -m grader stage3 --help       what stage 3's grading checks, and how to run part of it
     python -m grader release             regenerate stages/ from solutions/ (keeps your edits)
     python -m grader release --check     are stages/ and solutions/ in sync?
+    python -m grader doctor              what runs on this machine, what does not, and how to fix it
     python -m grader bench stage5        time stage 5's reference kernel against SDPA and FlexAttention
                                          (needs a GPU; all: every stage; --learner: your stages/ file)
 
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "sweep":
         from grader import sweep
         return sweep.main(argv[1:])
+    if argv and argv[0] == "doctor":
+        from grader import doctor
+        return doctor.main(argv[1:])
     from grader.limits import Limits, add_limit_options, limit_overrides
     from grader.sandbox import add_isolation_option, use_isolation_option
     parser = argparse.ArgumentParser(prog="python -m grader", description=_description(argv),
@@ -96,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out and args.format == "table":
         parser.error("--out goes with --format json or --format gradescope")
 
-    from grader import stages
+    from grader import doctor, stages
     if args.stage is None:
+        if not doctor.guard(None)[0]:   # a platform the grader cannot run on: say where it can
+            return 2
         from grader.progress import progress
         return progress(source="solutions" if args.solutions else "stages", use_cache=not args.fresh)
     try:
@@ -117,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no check named {', '.join(map(repr, unknown))} in {args.stage}; the checks are:\n{listing}",
                   file=sys.stderr)
             return 2
+    go, chosen = doctor.guard(chosen)   # without Triton: only the stages that need none
+    if not go:
+        return 2
     from kernels.loader import ROOT
     if args.solutions and not (ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/ (it is a learner's copy): there is no reference "

@@ -3,7 +3,7 @@
 The learner's edition is the workbook made for a learner:
 
     README.md      written for learners: set-up, the stages shipped, grading, help
-    LICENSE, pyproject.toml, setup.sh, .gitignore
+    LICENSE, pyproject.toml, setup.sh, workbook, .gitignore, constraints/ (the tested versions)
     kernels/, grader/   the grader without grader/checks/hidden/ (and without Gradescope's files)
     stages/        rendered from solutions/ now (with its .release.json): stages 1..N with
                    ``--through stageN``, every stage without it
@@ -36,8 +36,8 @@ from pathlib import Path
 from grader import edition, publish, release, stages
 from kernels.loader import ROOT
 
-TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", ".gitignore")
-CODE_DIRS = ("kernels", "grader")
+TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", "workbook", ".gitignore")
+CODE_DIRS = ("kernels", "grader", "constraints")
 LEARNER_DOCS = ("platforms.md",)           # docs written for learners; the rest are the instructor's
 _JUNK = {"__pycache__", ".ipynb_checkpoints"}
 

@@ -8,7 +8,10 @@ of the source, the configuration and the GPU, and returns the library through ``
 kernels export plain C entry points and include no PyTorch header, so they compile in seconds.
 
 ``compile_only`` runs ``nvcc -c`` for a given architecture and needs no GPU: CI uses it to check
-that a ``.cu`` file compiles for sm_80 and sm_90.
+that a ``.cu`` file compiles for every architecture in ``ARCHS`` (tests/test_targets.py).
+
+The workbook's kernels use ``mma.sync.m16n8k16``, ``cp.async`` and bfloat16, which need sm_80 or
+newer: ``load`` refuses an older GPU (a T4 is sm_75) with a message saying so, before nvcc runs.
 
     WORKBOOK_CACHE   where builds are kept (default: $XDG_CACHE_HOME or ~/.cache, then
                      flash-attention-workbook/cuda)
@@ -19,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -27,6 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
+#: Architectures the CUDA stage is compiled for in the tests: A100, RTX 30, RTX 40 and L4, H100, RTX 50.
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_120")
+#: The oldest GPU the kernels run on: mma.sync.m16n8k16, cp.async and bfloat16 arrived with sm_80.
+MIN_CAPABILITY = (8, 0)
+#: nvcc releases that first compile for an architecture (older ones stop with 'unsupported gpu architecture').
+NVCC_FOR_ARCH = {"sm_100": (12, 8), "sm_120": (12, 8), "sm_90": (11, 8), "sm_89": (11, 8)}
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
@@ -61,6 +71,40 @@ def device_arch(device=None) -> str:
     return f"sm_{major}{minor}"
 
 
+def check_device(device=None, *, minimum: tuple[int, int] = MIN_CAPABILITY) -> None:
+    """Refuse, with the reason and what still runs, a GPU older than the kernels need."""
+    import torch
+    capability = torch.cuda.get_device_capability(device)
+    if capability >= minimum:
+        return
+    name = torch.cuda.get_device_name(device)
+    need = f"sm_{minimum[0]}{minimum[1]}"
+    raise RuntimeError(
+        f"{name} is sm_{capability[0]}{capability[1]}; the workbook's CUDA kernels use mma.sync.m16n8k16, "
+        f"cp.async and bfloat16, which need {need} or newer (A100, RTX 30/40/50, L4, H100). On this GPU the "
+        "plan and the emulation run, and the Triton stages run in float16; for the CUDA kernel use a newer GPU "
+        "(on Colab: an L4 or A100 runtime).")
+
+
+def nvcc_release() -> tuple[int, int] | None:
+    """nvcc's release, (13, 0) for CUDA 13.0; None without nvcc."""
+    compiler = nvcc()
+    if compiler is None:
+        return None
+    out = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"release (\d+)\.(\d+)", out)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def check_nvcc_for(arch: str) -> None:
+    """Refuse an nvcc too old for ``arch`` with the release it needs, instead of nvcc's own error."""
+    need = NVCC_FOR_ARCH.get(arch.removesuffix("a"))
+    have = nvcc_release()
+    if need and have and have < need:
+        raise RuntimeError(f"nvcc {have[0]}.{have[1]} cannot compile for {arch}: it needs CUDA {need[0]}.{need[1]} "
+                           "or newer. Install a newer CUDA toolkit (or point CUDA_HOME at one).")
+
+
 def _defines(defines: dict[str, int]) -> list[str]:
     return [f"-D{name}={value}" for name, value in sorted(defines.items())]
 
@@ -74,6 +118,8 @@ def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CU
     import torch
     source = Path(source)
     text = source.read_text()
+    if arch is None:
+        check_device()
     arch = arch or device_arch()
     key_text = "\n".join([text, repr(sorted(defines.items())), arch, " ".join(FLAGS), torch.__version__])
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
@@ -83,6 +129,7 @@ def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CU
     build_dir = cache_dir() / name
     library = build_dir / f"{name}.so"
     if not library.exists():
+        check_nvcc_for(arch)
         config = " ".join(f"{k}={v}" for k, v in defines.items())
         print(f"compiling {label} for {config} (first use only, ~1 min)...", flush=True)
         build_dir.mkdir(parents=True, exist_ok=True)

@@ -8,17 +8,49 @@ stage file therefore starts with ``from kernels import runtime`` and only then
     ON_GPU      True when a CUDA GPU is visible and TRITON_INTERPRET is not forced.
     DEVICE      torch.device("cuda") or torch.device("cpu"): where tensors live.
     INTERPRET   True when Triton kernels run in the interpreter (on the CPU).
+    HAS_TRITON  False where Triton is not installed: it has builds for Linux only, so on macOS
+                and native Windows stages 2, 3 and 5-9 cannot run (see docs/platforms.md).
 
 Force the interpreter on a GPU machine with ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import warnings
 
 import torch
+
+#: Triton publishes builds for Linux (x86-64 and arm64) only; ``find_spec`` looks without importing.
+HAS_TRITON: bool = importlib.util.find_spec("triton") is not None
+
+
+def no_triton_help() -> str:
+    """What to do when Triton is missing: a different path on macOS and Windows, a reinstall on Linux."""
+    if sys.platform.startswith("linux"):
+        return ("Triton is not installed in this environment. Run `bash setup.sh` again (it installs the tested "
+                "torch and triton pair), or `python -m grader doctor` to see what is missing.")
+    system = {"darwin": "macOS", "win32": "Windows"}.get(sys.platform, sys.platform)
+    return (f"Triton has no build for {system}: it runs on Linux only. Stage 1, and stage 4's plan and "
+            "emulation, run here; for the Triton stages (2, 3 and 5-9) use one of the supported paths: "
+            "the dev container (VS Code or Codespaces: 'Reopen in Container'), WSL2 on Windows, or Colab "
+            "(the 'Open in Colab' link at the top of each notebook). docs/platforms.md walks through each.")
+
+
+class _NoTritonFinder:
+    """Last on ``sys.meta_path`` where Triton is missing: ``import triton`` then says why and what to do."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named 'triton'. {no_triton_help()}", name=name)
+        return None
+
+
+if not HAS_TRITON and not any(type(f).__name__ == "_NoTritonFinder" for f in sys.meta_path):
+    sys.meta_path.append(_NoTritonFinder())
 
 _forced = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 ON_GPU: bool = torch.cuda.is_available() and not _forced
@@ -49,8 +81,26 @@ def describe() -> str:
     return f"CPU: Triton interpreter (torch {torch.__version__}, no CUDA GPU visible)"
 
 
+def capability() -> tuple[int, int] | None:
+    """The GPU's compute capability, (9, 0) for an H100; None on the CPU.  Asked on first use, not at
+    import: querying the device starts CUDA, which a process about to fork must not have done."""
+    return torch.cuda.get_device_capability() if ON_GPU else None
+
+
+def has_bfloat16() -> bool:
+    """bfloat16 tensor cores: sm_80 (A100, RTX 30) and newer.  A T4 (sm_75) has float16 only."""
+    return ON_GPU and capability() >= (8, 0)
+
+
 def check_dtype(dtype: torch.dtype, *, name: str = "q") -> None:
     """Refuse dtypes the current device cannot run, with a message that says why."""
+    if dtype == torch.bfloat16 and ON_GPU and not has_bfloat16():
+        major, minor = capability()
+        raise TypeError(
+            f"{name}.dtype is torch.bfloat16, which needs an sm_80 or newer GPU (A100, RTX 30 and later); "
+            f"{torch.cuda.get_device_name()} is sm_{major}{minor} and has float16 tensor cores only. "
+            "Use torch.float16 (or torch.float32) here."
+        )
     if dtype in DTYPES:
         return
     if dtype == torch.bfloat16:

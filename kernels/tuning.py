@@ -38,13 +38,59 @@ TUNE_FROM = 2048 * 2048
 # float32 too (D=128: 128 x 128 tiles with 3 stages of float32 K and V do not fit in shared
 # memory; the autotuner skips such entries).  At D=256 a 128 x 64 tile with 2 stages already
 # fills most of an H100's shared memory.
-FORWARD_TILES = {
+#
+# One table per amount of shared memory a block may use; a GPU takes the table of the largest
+# budget it has (for_smem).  The H100 table was tuned by timing and fits an A100 too.  A smaller
+# budget keeps the entries that fit it, and its first entry (the untimed default) fits in float32,
+# which needs about twice the shared memory of float16: on an RTX 4090 a long float16 sequence
+# still gets the autotuner's pick of the larger tiles.  tests/test_targets.py compiles every
+# entry for its GPUs (sm_75 ... sm_120) and checks each against the GPU's shared memory.
+FORWARD_TILES_H100 = {
     64: [(128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4), (64, 32, 4, 3)],
     128: [(128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3), (64, 64, 4, 3)],
     256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 8, 2)],
 }
+FORWARD_TILES_99KB = {
+    64: FORWARD_TILES_H100[64],
+    128: [(128, 32, 8, 2), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 32, 4, 2)],
+    256: [(32, 32, 4, 1), (64, 32, 4, 1), (64, 32, 4, 2), (32, 32, 4, 2)],
+}
+# A T4: no cp.async, so deep pipelines buy nothing.  At D=256 even these tiles need more than
+# 64 KB in float32 (float16 fits).
+FORWARD_TILES_64KB = {
+    64: [(64, 32, 4, 2), (64, 64, 4, 2)],
+    128: [(32, 32, 4, 1), (64, 32, 4, 1)],
+    256: [(16, 32, 4, 1), (32, 32, 4, 1)],
+}
+FORWARD_TILES_BY_SMEM = {
+    227 * 1024: FORWARD_TILES_H100,              # sm_90 (H100, H200), sm_100
+    163 * 1024: FORWARD_TILES_H100,              # sm_80 (A100)
+    99 * 1024: FORWARD_TILES_99KB,               # sm_86, sm_89, sm_120 (RTX 30/40/50, A10, L4)
+    64 * 1024: FORWARD_TILES_64KB,               # sm_75 (T4, RTX 20)
+}
+
 #: The interpreter's forward tile: small, so tests with a few dozen rows cross block edges.
 FORWARD_INTERPRETER_TILE = (32, 32, 4, 1)
+
+
+def smem_per_block() -> int:
+    """Shared memory one block may use on this GPU, in bytes (the largest table's budget on the CPU,
+    where the interpreter has no such limit and the tables only decide the default tiles' shape)."""
+    if not runtime.ON_GPU:
+        return max(FORWARD_TILES_BY_SMEM)
+    import torch
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block)
+
+
+def for_smem(tables: dict, smem: int) -> dict:
+    """The table for a GPU with ``smem`` bytes per block: the largest budget that is not above it."""
+    fits = [budget for budget in tables if budget <= smem]
+    return tables[max(fits) if fits else min(tables)]
+
+
+#: This GPU's forward table (see FORWARD_TILES_BY_SMEM).
+FORWARD_TILES = for_smem(FORWARD_TILES_BY_SMEM, smem_per_block())
 
 
 def gqa_pack(group: int) -> int:

@@ -259,16 +259,46 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
 # past it; dQ the other way round (as Triton's fused-attention tutorial does).  Each program
 # holds two float32 accumulators of its resident block (dk and dv, or dq and the q/dO tiles),
 # so the resident side stays at 128 rows or less, and at D=256 smaller still.
-DKDV_TILES = {
+DKDV_TILES_H100 = {
     64: [(32, 128, 4, 3), (32, 128, 4, 4), (64, 64, 4, 3), (32, 64, 4, 3), (16, 64, 4, 3)],
     128: [(32, 128, 8, 2), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3)],
     256: [(16, 64, 8, 1), (32, 64, 4, 2), (32, 64, 8, 1)],
 }
-DQ_TILES = {
+DQ_TILES_H100 = {
     64: [(128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 4, 4)],
     128: [(128, 32, 8, 2), (128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3)],
     256: [(64, 16, 8, 1), (64, 32, 4, 2), (64, 32, 8, 1)],
 }
+# Smaller GPUs: the entries that fit, with a first entry that fits in float32 (see kernels/tuning.py;
+# on a T4, dK/dV's D=256 tile does not fit in float32).
+DKDV_TILES_BY_SMEM = {
+    227 * 1024: DKDV_TILES_H100,
+    163 * 1024: {64: DKDV_TILES_H100[64],
+                 128: [(32, 64, 4, 3), (32, 128, 8, 2), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3)],
+                 256: [(16, 32, 4, 1), (16, 64, 8, 1), (32, 64, 4, 2), (32, 64, 8, 1)]},
+    99 * 1024: {64: DKDV_TILES_H100[64],
+                128: [(16, 64, 4, 2), (32, 64, 4, 3), (32, 128, 8, 2)],
+                256: [(16, 16, 4, 1), (16, 32, 4, 1), (16, 64, 8, 1)]},
+    64 * 1024: {64: [(16, 32, 4, 1), (16, 64, 4, 2), (32, 64, 4, 2)],
+                128: [(16, 32, 4, 1)],
+                256: [(16, 16, 4, 1)]},
+}
+DQ_TILES_BY_SMEM = {
+    227 * 1024: DQ_TILES_H100,
+    163 * 1024: {64: DQ_TILES_H100[64],
+                 128: [(64, 32, 4, 2), (128, 32, 8, 2), (128, 32, 8, 3), (128, 32, 4, 3), (128, 64, 8, 2),
+                       (64, 64, 4, 3)],
+                 256: [(32, 16, 4, 1), (64, 16, 8, 1), (64, 32, 4, 2), (64, 32, 8, 1)]},
+    99 * 1024: {64: DQ_TILES_H100[64],
+                128: [(32, 32, 4, 1), (64, 32, 4, 2), (128, 32, 8, 2), (128, 32, 8, 3), (128, 32, 4, 3),
+                      (128, 64, 8, 2)],
+                256: [(32, 16, 4, 1), (64, 16, 8, 1), (64, 32, 8, 1)]},
+    64 * 1024: {64: [(32, 16, 4, 1), (64, 16, 4, 1), (64, 32, 4, 2)],
+                128: [(32, 16, 4, 1), (32, 32, 4, 1)],
+                256: [(16, 16, 4, 1)]},
+}
+DKDV_TILES = tuning.for_smem(DKDV_TILES_BY_SMEM, tuning.smem_per_block())   # this GPU's
+DQ_TILES = tuning.for_smem(DQ_TILES_BY_SMEM, tuning.smem_per_block())
 # The interpreter's tiles: small, so that tests with a few dozen rows still cross block edges.
 DKDV_INTERPRETER_TILE = (32, 64, 4, 1)
 DQ_INTERPRETER_TILE = (64, 32, 4, 1)

@@ -7,7 +7,8 @@ apt-get update -q
 # util-linux's setpriv (in the base image) runs it as a dedicated user where it does not.
 apt-get install -y -q python3 python3-venv python3-pip bubblewrap
 python3 -m venv /autograder/venv
-/autograder/venv/bin/pip install -q --index-url https://download.pytorch.org/whl/cpu torch
-/autograder/venv/bin/pip install -q "triton>=3.2" "numpy>=1.24" "matplotlib>=3.7"
+PINS=/autograder/source/constraints/cpu.txt     # the tested CPU set, the same as learners install
+/autograder/venv/bin/pip install -q --index-url https://download.pytorch.org/whl/cpu "$(grep '^torch==' "$PINS")"
+/autograder/venv/bin/pip install -q -c "$PINS" triton numpy matplotlib
 cd /autograder/source
 /autograder/venv/bin/python -c "from kernels import runtime; print('kernels run on', runtime.describe())"
