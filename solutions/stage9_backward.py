@@ -123,6 +123,9 @@ def _flash_forward_kernel(
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, COUNT_VISITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
+    # A Python float arrives as float32 from Triton's launcher but as float64 from torch.compile's
+    # (solutions/attention_op.py): fix its type, or the float64 would spread into the accumulators.
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid_m = tl.program_id(0)        # which block of queries
     pid_bh = tl.program_id(1)       # which (batch, query head)
     b = pid_bh // H
@@ -494,6 +497,7 @@ def _bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
 ):
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)   # float32 under torch.compile too
     pid_n = tl.program_id(0)        # which block of keys
     pid_bh = tl.program_id(1)       # which (batch, KV head)
     b = pid_bh // H_KV
@@ -612,6 +616,7 @@ def _bwd_dq_kernel(
     # same keys and the mask depends on the position alone, so the tile spans ROWS positions,
     # not BLOCK_M: its diagonal band and window edge are PACK times narrower.
     ROWS: tl.constexpr = BLOCK_M // PACK
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)   # float32 under torch.compile too
     pid_m = tl.program_id(0)        # which block of query positions
     pid_hp = tl.program_id(1)       # which PACK query heads: (batch * H_Q + h0) // PACK
     b = pid_hp * PACK // H_Q

@@ -1,0 +1,337 @@
+"""``python -m grader bench train``: a gpt-oss-style training step with each attention provider.
+
+    python -m grader bench train                          the two small sizes (minutes: three compiles each)
+    python -m grader bench train --sizes large --json docs/bench-train-h100.json
+
+The model is a small decoder in gpt-oss's shape: RMSNorm, rotary embeddings, grouped-query
+attention with a learned sink logit per query head, layers alternating a 128-token sliding
+window and full causal attention, a SwiGLU MLP, bfloat16 autocast and AdamW.  Every provider
+trains the same initial weights on the same batches:
+
+    workbook            solutions/attention_op.py's op in an eager model
+    workbook-compiled   the same model under torch.compile(fullgraph=True)
+    flex-compiled       FlexAttention with block masks, sinks through its lse, model compiled
+    sdpa-floor          SDPA (is_causal on every layer: no window, no sinks), model compiled;
+                        not the same model, a floor for what a fused kernel costs
+
+It reports the step time (median of CUDA-event timings of single steps after the compile and
+warm-up steps), tokens per second, peak memory, and whether the loss curves of the three
+providers that train the same model agree.  The batches repeat a random 64-token phrase, so
+the loss falls quickly once attention learns to copy, and a wrong attention shows in the curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import runtime
+
+PROVIDERS = ("workbook", "workbook-compiled", "flex-compiled", "sdpa-floor")
+SAME_MODEL = ("workbook", "workbook-compiled", "flex-compiled")     # their loss curves must agree
+LOSS_RTOL = 0.02                 # bfloat16 training drifts; 2% of the loss at each step is agreement
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    batch: int
+    seq: int
+    d_model: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int = 64
+    window: int = 128
+    vocab: int = 16384
+    lr: float = 3e-3             # AdamW's; the large model diverged at 3e-3 (loss 9.8 -> 12.8 in 18 steps)
+
+
+SIZES = {
+    "b8n1024": Size("b8n1024", 8, 1024, 512, 4, 8, 2),
+    "b2n4096": Size("b2n4096", 2, 4096, 512, 4, 8, 2),
+    "large": Size("large", 1, 4096, 2048, 8, 32, 4, lr=5e-4),
+}
+SMALL = ["b8n1024", "b2n4096"]
+
+
+# =============================================================================================
+# The model.
+# =============================================================================================
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, eps=1e-5)
+
+
+def rotary(x, cos, sin):
+    """Rotate pairs of x's last dim (B, N, H, D) by position-dependent angles (cos, sin: (N, D/2))."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]                              # (N, 1, D/2)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, size: Size, window: int | None):
+        super().__init__()
+        self.size, self.window = size, window
+        hd = size.head_dim
+        self.q = nn.Linear(size.d_model, size.heads * hd, bias=False)
+        self.kv = nn.Linear(size.d_model, 2 * size.kv_heads * hd, bias=False)
+        self.out = nn.Linear(size.heads * hd, size.d_model, bias=False)
+        self.sinks = nn.Parameter(torch.zeros(size.heads))                  # float32 logits, one per head
+
+    def forward(self, x, cos, sin, attend):
+        B, N, _ = x.shape
+        s = self.size
+        q = self.q(x).view(B, N, s.heads, s.head_dim)                        # (B, N, Hq, D)
+        k, v = self.kv(x).view(B, N, 2, s.kv_heads, s.head_dim).unbind(2)    # (B, N, Hkv, D) each
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        o = attend(q, k, v, self)                                            # (B, N, Hq, D)
+        return self.out(o.reshape(B, N, s.heads * s.head_dim))
+
+
+class Block(nn.Module):
+    def __init__(self, size: Size, window: int | None):
+        super().__init__()
+        self.norm1, self.norm2 = RMSNorm(size.d_model), RMSNorm(size.d_model)
+        self.attn = Attention(size, window)
+        hidden = 3 * size.d_model                                            # dense, where gpt-oss has experts
+        self.up = nn.Linear(size.d_model, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, size.d_model, bias=False)
+
+    def forward(self, x, cos, sin, attend):
+        x = x + self.attn(self.norm1(x), cos, sin, attend)
+        gate, up = self.up(self.norm2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Decoder(nn.Module):
+    """gpt-oss's layout in small: even layers see a sliding window, odd layers everything before them."""
+
+    def __init__(self, size: Size, attend):
+        super().__init__()
+        self.size, self.attend = size, attend
+        self.embed = nn.Embedding(size.vocab, size.d_model)
+        self.blocks = nn.ModuleList(Block(size, size.window if i % 2 == 0 else None) for i in range(size.layers))
+        self.norm = RMSNorm(size.d_model)
+        self.head = nn.Linear(size.d_model, size.vocab, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, size.head_dim, 2, dtype=torch.float32) / size.head_dim))
+        angles = torch.outer(torch.arange(size.seq, dtype=torch.float32), inv)   # (N, D/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, self.cos, self.sin, self.attend)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+# =============================================================================================
+# The providers: each is an ``attend(q, k, v, layer)`` on (B, N, H, D) tensors.
+# =============================================================================================
+
+def _workbook_attend():
+    from kernels.loader import ROOT, load_file
+    op = load_file(ROOT / "solutions" / "attention_op.py")
+
+    def attend(q, k, v, layer):
+        return op.attention(q, k, v, is_causal=True, window=layer.window, sinks=layer.sinks, enable_gqa=True,
+                            layout="bnhd")
+    return attend
+
+
+def _flex_attend(size: Size, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+    from grader.bench import _flex_with_sinks
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx
+
+    def windowed(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (kv_idx > q_idx - size.window)
+
+    masks = {None: create_block_mask(causal, None, None, size.seq, size.seq, device=device),
+             size.window: create_block_mask(windowed, None, None, size.seq, size.seq, device=device)}
+
+    def attend(q, k, v, layer):
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))                     # (B, H, N, D)
+        return _flex_with_sinks(q, k, v, layer.sinks, masks[layer.window], True).transpose(1, 2)
+    return attend
+
+
+def _sdpa_attend(q, k, v, layer):
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
+
+
+def _model(size: Size, provider: str, device):
+    attend = (_workbook_attend() if provider.startswith("workbook") else
+              _flex_attend(size, device) if provider == "flex-compiled" else _sdpa_attend)
+    torch.manual_seed(0)                                                     # the same weights for every provider
+    model = Decoder(size, attend).to(device)
+    step_model = torch.compile(model, fullgraph=True, dynamic=False) if provider != "workbook" else model
+    return model, step_model
+
+
+def batches(size: Size, steps: int, device, phrase: int = 64):
+    """``steps`` batches of (tokens, targets): each row a random ``phrase``-token sequence repeated."""
+    gen = torch.Generator().manual_seed(1234)
+    out = []
+    for _ in range(steps):
+        base = torch.randint(size.vocab, (size.batch, phrase), generator=gen)
+        row = base.repeat(1, (size.seq + 1) // phrase + 1)[:, : size.seq + 1]
+        out.append((row[:, :-1].to(device), row[:, 1:].to(device)))
+    return out
+
+
+# =============================================================================================
+# The run.
+# =============================================================================================
+
+def run_one(size: Size, provider: str, *, warmup: int, steps: int) -> dict:
+    device = runtime.DEVICE
+    model, step_model = _model(size, provider, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
+    data = batches(size, warmup + steps, device)
+    losses, times = [], []
+    compile_start = time.perf_counter()
+    torch.cuda.reset_peak_memory_stats()
+    for i, (tokens, targets) in enumerate(data):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_model(tokens, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        end.record()
+        losses.append(loss.detach())
+        if i >= warmup:
+            times.append((start, end))
+        if i == warmup - 1:
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - compile_start
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in times)
+    return dict(size=size.name, provider=provider, batch=size.batch, seq=size.seq, d_model=size.d_model,
+                layers=size.layers, heads=size.heads, kv_heads=size.kv_heads, head_dim=size.head_dim,
+                window=size.window, lr=size.lr, step_ms=round(ms, 3), tokens_per_s=round(size.batch * size.seq / ms * 1e3),
+                peak_mib=round(torch.cuda.max_memory_allocated() / 2 ** 20), warmup_s=round(first_s, 1),
+                losses=[round(x.item(), 4) for x in losses])
+
+
+def agreement(rows: list[dict]) -> dict[str, float]:
+    """Per size: the largest relative gap between the loss curves of the providers that train one model."""
+    gaps = {}
+    for size in {r["size"] for r in rows}:
+        curves = [r["losses"] for r in rows if r["size"] == size and r["provider"] in SAME_MODEL]
+        if len(curves) >= 2:
+            gaps[size] = max(abs(a - b) / abs(b) for c in curves[1:] for a, b in zip(c, curves[0]))
+    return gaps
+
+
+def table(rows: list[dict], gaps: dict[str, float]) -> str:
+    lines = [f"{'size':<9} {'provider':<18} {'step ms':>8} {'tokens/s':>10} {'peak MiB':>9} {'vs flex':>8} "
+             f"{'first loss':>10} {'last loss':>9}"]
+    for r in rows:
+        flex = next((x for x in rows if x["size"] == r["size"] and x["provider"] == "flex-compiled"), None)
+        ratio = f"{flex['step_ms'] / r['step_ms']:.2f}x" if flex else "-"
+        lines.append(f"{r['size']:<9} {r['provider']:<18} {r['step_ms']:>8.2f} {r['tokens_per_s']:>10} "
+                     f"{r['peak_mib']:>9} {ratio:>8} {r['losses'][0]:>10.3f} {r['losses'][-1]:>9.3f}")
+    for size, gap in sorted(gaps.items()):
+        verdict = "agree" if gap <= LOSS_RTOL else "DISAGREE"
+        lines.append(f"{size}: loss curves of {', '.join(SAME_MODEL)} {verdict} "
+                     f"(largest relative gap {gap:.2%}, limit {LOSS_RTOL:.0%})")
+    return "\n".join(lines)
+
+
+def write_json(rows: list[dict], gaps: dict[str, float], path: str) -> None:
+    """Write the rows, merged over an earlier file's rows of other sizes (one size per run fits a lease)."""
+    import triton
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        kept = [r for r in old.get("rows", []) if r["size"] not in {x["size"] for x in rows}]
+        old_gaps = {k: v for k, v in old.get("loss_gap", {}).items() if k not in gaps}
+    except (OSError, ValueError):
+        kept, old_gaps = [], {}
+    doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               python=platform.python_version(), loss_rtol=LOSS_RTOL,
+               loss_gap={k: round(v, 5) for k, v in {**old_gaps, **gaps}.items()}, rows=kept + rows)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m grader bench train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default=",".join(SMALL), metavar="A,B",
+                   help=f"comma-separated sizes of {', '.join(SIZES)} (default: {','.join(SMALL)})")
+    p.add_argument("--providers", default=",".join(PROVIDERS), metavar="A,B",
+                   help=f"comma-separated providers of {', '.join(PROVIDERS)} (default: all)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per provider (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="steps before timing, the compile among them (default 3)")
+    p.add_argument("--json", metavar="PATH", help="write (merge) the rows into this JSON file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    bad = [s for s in sizes if s not in SIZES] + [p for p in providers if p not in PROVIDERS]
+    if bad or not sizes or not providers:
+        print(f"unknown size or provider {', '.join(map(repr, bad)) or '(none given)'}; sizes: "
+              f"{', '.join(SIZES)}; providers: {', '.join(PROVIDERS)}", file=sys.stderr)
+        return 2
+    if args.steps < 1 or args.warmup < 1:
+        print(f"--steps and --warmup must be at least 1, got {args.steps} and {args.warmup}", file=sys.stderr)
+        return 2
+    if not runtime.ON_GPU:
+        print(f"python -m grader bench train times training steps on a CUDA GPU, and none is visible here "
+              f"({runtime.describe()}).", file=sys.stderr)
+        return 2
+    import torch._dynamo
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    print(f"bench train on {runtime.describe()}: {', '.join(sizes)}; {', '.join(providers)}; "
+          f"{args.warmup} warm-up and {args.steps} timed steps each", flush=True)
+    rows = []
+    for name in sizes:
+        for provider in providers:
+            began = time.perf_counter()
+            rows.append(run_one(SIZES[name], provider, warmup=args.warmup, steps=args.steps))
+            r = rows[-1]
+            print(f"  {name} {provider}: {r['step_ms']:.2f} ms/step, {r['tokens_per_s']} tokens/s, "
+                  f"{r['peak_mib']} MiB ({time.perf_counter() - began:.0f} s)", flush=True)
+            torch.cuda.empty_cache()
+    gaps = agreement(rows)
+    print()
+    print(table(rows, gaps))
+    if args.json:
+        write_json(rows, gaps, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The finished attention as a PyTorch op (solutions/attention_op.py).
+
+On the CPU: every validation error, the fake implementations (output metadata, no kernel run),
+opcheck's schema, autograd and fake-tensor tests, and the interpreter's numbers against the
+float64 reference in both layouts.  On a GPU: the whole of opcheck, torch.compile with
+fullgraph=True, CUDA graphs (mode="reduce-overhead"), and bit-for-bit agreement with stage 9.
+"""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kernels import reference, runtime, tolerance
+from kernels.loader import ROOT, load_file
+
+PATH = ROOT / "solutions" / "attention_op.py"
+pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")
+DEVICE = runtime.DEVICE
+DTYPE = torch.bfloat16 if runtime.ON_GPU else torch.float32
+gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU: torch.compile and CUDA graphs of Triton kernels")
+
+
+@pytest.fixture(scope="module")
+def op():
+    return load_file(PATH)
+
+
+def _qkv(b, hq, hkv, nq, nk, d, layout="bhnd", dtype=DTYPE, seed=0, grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (lambda h, n: (b, h, n, d)) if layout == "bhnd" else (lambda h, n: (b, n, h, d))
+    q = torch.randn(*shape(hq, nq), generator=gen)
+    k, v = (torch.randn(*shape(hkv, nk), generator=gen) for _ in range(2))
+    return [t.to(DEVICE, dtype).requires_grad_(grad) for t in (q, k, v)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: a tensor that does not fit the stated layout is an error that names it.
+# ---------------------------------------------------------------------------------------------
+
+BAD = [  # (description, shapes q, k, v in the stated layout, options, error, words the message must hold)
+    ("layout unknown", ((1, 2, 8, 16),) * 3, dict(layout="nbhd"), ValueError, "layout"),
+    ("q of rank 3", ((2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), {}, ValueError, "q:"),
+    ("v with other keys", ((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 9, 16)), {}, ValueError, "v:"),
+    ("k with other batch", ((1, 2, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16)), {}, ValueError, "k:"),
+    ("v with other head dim", ((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 32)), {}, ValueError, "v:"),
+    ("heads that do not divide", ((1, 6, 8, 16), (1, 4, 8, 16), (1, 4, 8, 16)), dict(enable_gqa=True),
+     ValueError, "k:"),
+    ("GQA without enable_gqa", ((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), {}, ValueError, "enable_gqa"),
+    ("bnhd heads that do not divide", ((1, 8, 6, 16), (1, 8, 4, 16), (1, 8, 4, 16)),
+     dict(layout="bnhd", enable_gqa=True), ValueError, "layout='bnhd'"),
+    ("head dim too large", ((1, 2, 8, 512),) * 3, {}, ValueError, "head dim"),
+    ("window without causal", ((1, 2, 8, 16),) * 3, dict(window=4), ValueError, "window"),
+    ("window 0", ((1, 2, 8, 16),) * 3, dict(window=0, is_causal=True), ValueError, "window"),
+    ("window a float", ((1, 2, 8, 16),) * 3, dict(window=4.0, is_causal=True), TypeError, "window"),
+    ("sink_tokens negative", ((1, 2, 8, 16),) * 3, dict(sink_tokens=-1), ValueError, "sink_tokens"),
+    ("scale negative", ((1, 2, 8, 16),) * 3, dict(scale=-0.1), ValueError, "scale"),
+    ("scale a list", ((1, 2, 8, 16),) * 3, dict(scale=[0.1]), ValueError, "scale"),
+    ("is_causal a string", ((1, 2, 8, 16),) * 3, dict(is_causal="yes"), TypeError, "is_causal"),
+]
+
+
+@pytest.mark.parametrize("what, shapes, options, error, words", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_names_the_argument(op, what, shapes, options, error, words):
+    q, k, v = (torch.randn(*s, device=DEVICE, dtype=DTYPE) for s in shapes)
+    with pytest.raises(error, match=words.replace("(", r"\(")):
+        op.attention(q, k, v, **options)
+
+
+def test_bad_sinks(op):
+    q, k, v = _qkv(1, 4, 2, 8, 8, 16)
+    with pytest.raises(ValueError, match="sinks"):
+        op.attention(q, k, v, enable_gqa=True, sinks=torch.zeros(2, device=DEVICE))
+    with pytest.raises(TypeError, match="sinks.dtype"):
+        op.attention(q, k, v, enable_gqa=True, sinks=torch.zeros(4, device=DEVICE, dtype=torch.float64))
+    with pytest.raises(TypeError, match="sinks"):
+        op.attention(q, k, v, enable_gqa=True, sinks=[0.0] * 4)
+
+
+def test_mixed_dtypes_and_non_tensors(op):
+    q, k, v = _qkv(1, 2, 2, 8, 8, 16)
+    with pytest.raises(TypeError, match="share a dtype"):
+        op.attention(q, k.half(), v)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        op.attention(q.tolist(), k, v)
+
+
+@pytest.mark.skipif(runtime.ON_GPU, reason="bfloat16 is refused only by the CPU interpreter")
+def test_bfloat16_refused_on_cpu(op):
+    q, k, v = (t.bfloat16() for t in _qkv(1, 2, 2, 8, 8, 16))
+    with pytest.raises(TypeError, match="bfloat16"):
+        op.attention(q, k, v)
+
+
+def test_misread_layout_is_caught_by_the_sinks(op):
+    """(B, N, H, D) tensors passed as "bhnd" look like (B, H=N, N=H, D): the shapes alone fit,
+    but the learned sinks (one per query head) do not, and the error says so."""
+    q, k, v = _qkv(1, 4, 4, 12, 12, 16, layout="bnhd")
+    sinks = torch.zeros(4, device=DEVICE)
+    assert op.attention(q, k, v, sinks=sinks, layout="bnhd").shape == q.shape
+    with pytest.raises(ValueError, match=r"sinks: got shape \(4,\), expected \(12,\)"):
+        op.attention(q, k, v, sinks=sinks, layout="bhnd")
+
+
+def test_cached_validation_still_refuses(op):
+    """A shape seen before skips the checks; a new bad one still meets them."""
+    q, k, v = _qkv(1, 2, 2, 8, 8, 16)
+    op.attention(q, k, v)
+    op.attention(q, k, v)
+    with pytest.raises(ValueError, match="window"):
+        op.attention(q, k, v, window=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake implementations: output metadata without a kernel (on the CPU, the interpreter would
+# fail on fake tensors, so reaching the end proves no kernel ran).
+# ---------------------------------------------------------------------------------------------
+
+def test_fake_forward_and_backward_metadata(op):
+    with FakeTensorMode():
+        q = torch.empty(2, 64, 8, 32, dtype=torch.float16)           # (B, N, H, D)
+        k = torch.empty(2, 48, 2, 32, dtype=torch.float16)
+        qt, kt = q.transpose(1, 2), k.transpose(1, 2)                   # (B, H, N, D) views
+        o, lse = torch.ops.workbook.attention_forward(qt, kt, kt, None, True, 0, 0, 0.125)
+        assert o.shape == (2, 8, 64, 32) and o.dtype == torch.float16 and o.stride() == qt.stride()
+        assert lse.shape == (2, 8, 64) and lse.dtype == torch.float32 and lse.is_contiguous()
+        dq, dk, dv, dsinks = torch.ops.workbook.attention_backward(qt, kt, kt, o, lse, o, None, True, 0, 0, 0.125)
+        assert dq.shape == qt.shape and dq.stride() == qt.stride() and dk.shape == kt.shape
+        assert dv.dtype == torch.float16 and dsinks.shape == (8,) and dsinks.dtype == torch.float32
+        out = op.attention(q, k, k, is_causal=True, enable_gqa=True, layout="bnhd",
+                           sinks=torch.empty(8))
+        assert out.shape == q.shape and out.stride() == q.stride()
+
+
+def test_opcheck_cpu(op):
+    """opcheck's tests that run the op eagerly (the interpreter runs the kernels)."""
+    q, k, v = _qkv(1, 2, 1, 20, 20, 16, grad=True)
+    sinks = torch.randn(2, device=DEVICE, requires_grad=True)
+    for test in ("test_schema", "test_autograd_registration", "test_faketensor"):
+        result = torch.library.opcheck(torch.ops.workbook.attention_forward, (q, k, v, sinks, True, 5, 1, 0.3),
+                                       test_utils=test)
+        assert result[test] == "SUCCESS", result
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers: the interpreter (CPU) or the GPU against the float64 reference, both layouts.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_forward_and_gradients_match_reference(op, layout):
+    q, k, v = _qkv(2, 4, 2, 37, 45, 16, layout=layout, grad=True, seed=3)
+    sinks = torch.randn(4, device=DEVICE, requires_grad=True)
+    mask = dict(causal=True, window=9, sink_tokens=2)
+    o = op.attention(q, k, v, is_causal=True, window=9, sink_tokens=2, sinks=sinks, enable_gqa=True, layout=layout)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v, sinks), do)
+    bhnd = (lambda t: t.transpose(1, 2)) if layout == "bnhd" else (lambda t: t)
+    leaves = [bhnd(t).detach().double().requires_grad_(True) for t in (q, k, v)]
+    leaves.append(sinks.detach().double().requires_grad_(True))
+    ref_o, _ = reference.attention(*leaves[:3], sinks=leaves[3], **mask)
+    refs = torch.autograd.grad(ref_o, leaves, bhnd(do).double())
+    base_q, base_k, base_v = (bhnd(t).detach().to(tolerance.baseline_dtype(q.dtype)).requires_grad_(True)
+                              for t in (q, k, v))
+    base_s = sinks.detach().requires_grad_(True)
+    base_o, _ = reference.attention(base_q, base_k, base_v, sinks=base_s,
+                                    compute_dtype=tolerance.baseline_dtype(q.dtype), **mask)
+    bases = torch.autograd.grad(base_o, (base_q, base_k, base_v, base_s), bhnd(do).to(base_o.dtype))
+    report = tolerance.compare(bhnd(o), ref_o, base_o, name="o")
+    assert report.ok, report.message
+    for name, g, r, b in zip(("dq", "dk", "dv", "dsinks"), grads, refs, bases):
+        g = bhnd(g) if name != "dsinks" else g
+        report = tolerance.compare(g, r, b, name=name, factor=3.0)
+        assert report.ok, report.message
+
+
+def test_op_path_matches_eager_path(op):
+    """Under a dispatch mode (as under a tracer) attention() takes the registered op, not the
+    eager autograd.Function: both give the same bits, forward and backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = set()
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _qkv(1, 4, 2, 40, 40, 16, layout="bnhd", grad=True, seed=5)
+    sinks = torch.randn(4, device=DEVICE, requires_grad=True)
+    results = []
+    for mode in (None, PassThrough()):
+        with mode if mode is not None else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            o = op.attention(q, k, v, is_causal=True, window=7, sinks=sinks, enable_gqa=True, layout="bnhd")
+            grads = torch.autograd.grad(o.sum(), (q, k, v, sinks))
+        results.append((o.detach(), *grads))
+    assert {"workbook.attention_forward.default", "workbook.attention_backward.default"} <= seen, sorted(seen)
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dsinks"), *results):
+        assert torch.equal(a, b), f"{name}: op path and eager path differ"
+
+
+def test_launch_plan_is_cached(op):
+    args = (1, 4, 2, 100, 100, 64, DTYPE, DEVICE, True, 0, 0, False)
+    assert op.launch_plan(*args) is op.launch_plan(*args)
+    assert op.launch_plan(*args)["pack"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: opcheck, torch.compile, CUDA graphs.
+# ---------------------------------------------------------------------------------------------
+
+class TinyModel(torch.nn.Module):
+    """Two attention layers (window 16, then full causal), GQA 4/2, learned sinks, (B, N, H, D)."""
+
+    def __init__(self, op, d=64):
+        super().__init__()
+        self.op = op
+        self.proj = torch.nn.ModuleList(torch.nn.Linear(4 * d, 8 * d, bias=False) for _ in range(2))
+        self.sinks = torch.nn.Parameter(torch.randn(2, 4))
+        self.d = d
+
+    def to_bf16(self):
+        """bfloat16 weights; the sink logits stay float32, as the op wants them."""
+        self.proj.to(torch.bfloat16)
+        return self
+
+    def forward(self, x):                                      # (B, N, 4 * d)
+        B, N, _ = x.shape
+        for i, proj in enumerate(self.proj):
+            q, k, v = proj(x).split([4 * self.d, 2 * self.d, 2 * self.d], dim=-1)
+            q, k, v = q.view(B, N, 4, self.d), k.view(B, N, 2, self.d), v.view(B, N, 2, self.d)
+            o = self.op.attention(q, k, v, is_causal=True, window=16 if i == 0 else None, sinks=self.sinks[i],
+                                  enable_gqa=True, layout="bnhd")
+            x = x + o.reshape(B, N, 4 * self.d)
+        return x
+
+
+def _grads(model, x):
+    model.zero_grad(set_to_none=True)
+    out = model(x)
+    out.float().square().mean().backward()
+    return [out.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+@gpu
+def test_opcheck_gpu(op):
+    q, k, v = _qkv(2, 4, 2, 70, 90, 64, grad=True)
+    sinks = torch.randn(4, device=DEVICE, requires_grad=True)
+    for args in ((q, k, v, sinks, True, 16, 2, 0.2), (q, k, v, None, False, 0, 0, 0.125)):
+        torch.library.opcheck(torch.ops.workbook.attention_forward, args)
+    # The backward op has no backward of its own (no double backward): its inputs need no gradient.
+    q, k, v, sinks = (t.detach() for t in (q, k, v, sinks))
+    o, lse = torch.ops.workbook.attention_forward(q, k, v, sinks, True, 16, 2, 0.2)
+    torch.library.opcheck(torch.ops.workbook.attention_backward,
+                          (q, k, v, o, lse, torch.randn_like(o), sinks, True, 16, 2, 0.2))
+
+
+@gpu
+def test_same_bits_as_stage9(op):
+    q, k, v = _qkv(2, 8, 2, 300, 300, 64, grad=True)
+    sinks = torch.randn(8, device=DEVICE, requires_grad=True)
+    do = torch.randn_like(q)
+    o = op.attention(q, k, v, is_causal=True, window=64, sinks=sinks, enable_gqa=True)
+    ours = (o, *torch.autograd.grad(o, (q, k, v, sinks), do))
+    o9 = op.s9.attention(q, k, v, causal=True, window=64, sinks=sinks)
+    theirs = (o9, *torch.autograd.grad(o9, (q, k, v, sinks), do))
+    for name, a, b in zip(("o", "dq", "dk", "dv", "dsinks"), ours, theirs):
+        assert torch.equal(a, b), f"{name} differs from stage 9's by {(a.float() - b.float()).abs().max()}"
+
+
+@gpu
+@pytest.mark.parametrize("n", [200, 2048])       # 2048: a shape whose tiles the autotuner picks
+def test_compile_fullgraph_matches_eager(op, n):
+    torch.manual_seed(0)
+    model = TinyModel(op).to(DEVICE).to_bf16()
+    x = torch.randn(2, n, 256, device=DEVICE, dtype=torch.bfloat16)
+    explanation = torch._dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    eager = _grads(model, x)
+    compiled = _grads(torch.compile(model, fullgraph=True, dynamic=False), x)
+    for i, (a, b) in enumerate(zip(compiled, eager)):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"tensor {i}: {m}")
+
+
+@gpu
+def test_cuda_graphs(op):
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    model = TinyModel(op).to(DEVICE).to_bf16()
+    x = torch.randn(2, 256, 256, device=DEVICE, dtype=torch.bfloat16)
+    eager = _grads(model, x)
+    counters.clear()
+    graphed = torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    for _ in range(3):                                        # warm-up, record, replay
+        got = _grads(graphed, x)
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    for i, (a, b) in enumerate(zip(got, eager)):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"tensor {i}: {m}")

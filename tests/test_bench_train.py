@@ -1,0 +1,79 @@
+"""``python -m grader bench train`` (grader/bench_train.py): what runs without a GPU.
+
+The timings themselves need a GPU; here: the command line refuses what it cannot do, the batches
+are the same for every provider, the model trains on the CPU with SDPA, the loss-curve check
+catches a disagreement, and the JSON merge keeps other sizes' rows.
+"""
+
+import json
+
+import pytest
+import torch
+
+from grader import bench, bench_train
+from kernels import runtime
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--sizes", "huge"], "unknown size or provider 'huge'"),
+    (["--providers", "flash3"], "unknown size or provider 'flash3'"),
+    (["--steps", "0"], "--steps and --warmup must be at least 1"),
+])
+def test_bad_arguments(capsys, argv, words):
+    assert bench.main(["train", *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.skipif(runtime.ON_GPU, reason="checks the message given where no GPU is visible")
+def test_no_gpu_message(capsys):
+    assert bench.main(["train"]) == 2
+    assert "times training steps on a CUDA GPU" in capsys.readouterr().err
+
+
+def test_batches_repeat_a_phrase_and_are_reproducible():
+    size = bench_train.Size("t", 2, 100, 32, 2, 4, 2, head_dim=16, vocab=50)
+    first, second = bench_train.batches(size, 3, "cpu"), bench_train.batches(size, 3, "cpu")
+    for (t1, y1), (t2, y2) in zip(first, second):
+        assert torch.equal(t1, t2) and torch.equal(y1, y2)
+    tokens, targets = first[0]
+    assert tokens.shape == targets.shape == (2, 100)
+    assert torch.equal(tokens[:, 64:], tokens[:, :36]) and torch.equal(tokens[:, 1:], targets[:, :-1])
+
+
+def test_decoder_trains_on_cpu_with_sdpa():
+    size = bench_train.Size("t", 2, 64, 32, 2, 4, 2, head_dim=16, vocab=40, window=8)
+    torch.manual_seed(0)
+    model = bench_train.Decoder(size, bench_train._sdpa_attend)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens, targets = bench_train.batches(size, 1, "cpu")[0]
+    losses = []
+    for _ in range(5):
+        loss = model(tokens, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert abs(losses[0] - torch.log(torch.tensor(40.0)).item()) < 0.5     # starts near uniform
+    assert losses[-1] < losses[0]
+    assert [b.attn.window for b in model.blocks] == [8, None]               # alternating, as gpt-oss
+
+
+def _row(size, provider, losses):
+    return dict(size=size, provider=provider, step_ms=1.0, tokens_per_s=1, peak_mib=1, losses=losses)
+
+
+def test_agreement_flags_a_wrong_curve():
+    good = [_row("s", p, [10.0, 9.0, 8.0]) for p in bench_train.SAME_MODEL]
+    assert bench_train.agreement(good)["s"] == 0.0
+    bad = good[:2] + [_row("s", "flex-compiled", [10.0, 9.0, 9.0])]
+    assert bench_train.agreement(bad)["s"] > bench_train.LOSS_RTOL
+    assert "DISAGREE" in bench_train.table(bad, bench_train.agreement(bad))
+
+
+@pytest.mark.skipif(not runtime.ON_GPU, reason="write_json records the GPU's name")
+def test_json_merges_other_sizes(tmp_path):
+    path = tmp_path / "t.json"
+    bench_train.write_json([_row("a", "workbook", [1.0])], {"a": 0.0}, str(path))
+    bench_train.write_json([_row("b", "workbook", [1.0])], {"b": 0.0}, str(path))
+    doc = json.loads(path.read_text())
+    assert [r["size"] for r in doc["rows"]] == ["a", "b"] and set(doc["loss_gap"]) == {"a", "b"}
