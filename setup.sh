@@ -38,9 +38,15 @@ echo "installing the workbook with the pins of $CONSTRAINTS"
 "$PY" -m pip install -q -c "$CONSTRAINTS" -e ".[dev]"
 
 "$PY" -c "from kernels import runtime; print('kernels run on', runtime.describe())"
-"$PY" -m grader release --check || "$PY" -m grader release
+if [ -d solutions ]; then            # the instructor's repository
+  "$PY" -m grader release --check || "$PY" -m grader release
+fi
 echo
-"$PY" -m grader stage1 --solutions      # the reference passes here: the set-up works
+if [ -d solutions ]; then
+  "$PY" -m grader stage1 --solutions    # the reference passes here: the set-up works
+else
+  "$PY" -m grader doctor                # a learner's edition: what runs on this machine
+fi
 echo
 "$PY" -m grader                         # your progress: every stage "not started" on a fresh copy
 echo
