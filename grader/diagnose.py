@@ -333,13 +333,20 @@ def _base_and_scale(c: _Case):
                    "exp2, fold log2(e) into that scale once", (c.attend(scale=other)[0], None))
 
 
+def _edge_heads(B, Hq, Hkv):
+    """(B, Hq) bool: the heads whose last row of q, or of their k, ends the tensor."""
+    edge = torch.zeros(B, Hq, dtype=torch.bool)
+    edge[-1, -1] = True
+    edge[-1, Hq - Hq // Hkv:] = True
+    return edge
+
+
 def _layout(c: _Case):
     """Padding columns read without the head-dim mask; a tensor read with the wrong strides."""
     B, Hq, Nq, D, Hkv, Nk = c.shape
     pad = 1 << (D - 1).bit_length()
     if pad != D and c.q.is_contiguous() and c.k.is_contiguous() and B * Hq > 1:
-        rest = torch.ones(B, Hq, dtype=torch.bool)
-        rest[-1, -1] = False               # the last head reads past the tensor: what is there is unknown
+        rest = ~_edge_heads(B, Hq, Hkv)    # the last heads read past the tensor: what is there is unknown
         yield ("padding_columns_unmasked", f"the padding columns {D}..{pad - 1} of q and k are loaded without the "
                f"head-dim mask, so they hold the next row's numbers and add to q.k (at {c.at}).  Load with "
                "mask=... & (offs_d < HEAD_DIM)[None, :], other=0.0",
@@ -496,10 +503,15 @@ def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], bloc
     vis = masks.materialize(masks.attention_mask(Nq, Nk, causal=causal, window=window, sink_tokens=sink_tokens),
                             Nq, Nk).clone()
     nan = _nan(o, lse, vis, block_m, block_n)
-    if nan:
+    Hkv = k.shape[1]
+    edge_only = False                # NaN only where a load past the tensor's end would land: see _layout
+    if nan and (1 << (D - 1).bit_length()) != D and B * Hq > 1:
+        bad = torch.isnan(o.detach().double()).flatten(2).any(dim=2) | torch.isnan(lse.detach().double()).any(dim=2)
+        edge_only = bool((bad <= _edge_heads(B, Hq, Hkv)).all())
+    if nan and not edge_only:
         return nan
     if B * Hq * Nq * Nk > 4 * _DENSE_LIMIT:
-        return None                  # real GPU sizes: some twenty float64 attentions would take minutes
+        return nan                   # real GPU sizes: some twenty float64 attentions would take minutes
     o_ref, lse_ref = _attend(q, k, v, scale=scale, visible=vis, sinks=sinks)
     allowed = (max(allowed[0], 1e-12), max(allowed[1], 1e-12))
     idx = _worst(o, o_ref) if _max_gap(o, o_ref) / allowed[0] >= _max_gap(lse, lse_ref) / allowed[1] \
@@ -508,6 +520,8 @@ def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], bloc
                  _where(idx, block_m), o_ref, lse_ref)
     heavy = B * Hq * Nq * Nk > _DENSE_LIMIT
     variants = [*_base_and_scale(case), *_layout(case), *_masks(case), *_tiles(case), *_key_blocks(case, heavy)]
+    if edge_only:                    # the other heads say whether the padding columns were read unmasked
+        variants = [v for v in _layout(case) if v[0] == "padding_columns_unmasked"]
 
     fitting = []
     for cause, message, (var_o, var_lse), *heads in variants:
@@ -517,7 +531,7 @@ def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], bloc
         if fit is not None:
             fitting.append((fit, cause, message, var_o))
     if not fitting:
-        return None
+        return nan
     fit, cause, message, var_o = min(fitting, key=lambda f: f[0])
     twins = []                       # causes that fit as well: these inputs cannot tell them apart
     for other_fit, other, _, other_o in fitting:

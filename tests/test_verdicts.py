@@ -217,3 +217,33 @@ def test_notebooks_get_the_graders_diagnosis(tmp_path):
         o, lse = module.flash_attention(q, k, v, causal=True, block_m=16, block_n=32)
         cause = diagnose.explain_attention(o, lse, q, k, v, block_m=16, block_n=32, causal=True)
         assert (expected in cause) if expected else cause == "", cause
+
+
+def test_padding_columns_are_named_even_when_the_read_past_the_end_is_nan():
+    """Loading q and k without the head-dim mask reads the next row's numbers into the padding columns,
+    and the last head reads past the tensor: when what lies there is NaN, the cause is still named."""
+    import torch
+
+    from grader import diagnose
+    from kernels import reference
+    g = torch.Generator().manual_seed(3)
+    B, H, N, D, PAD = 1, 3, 8, 24, 32
+    q, k, v = (torch.randn(B, H, N, D, generator=g, dtype=torch.float64) for _ in range(3))
+
+    def padded(t):          # each row read PAD wide from the flat buffer, NaN past its end
+        flat = torch.cat([t.flatten(), torch.full((PAD,), float("nan"), dtype=t.dtype)])
+        rows = torch.stack([flat[r * D: r * D + PAD] for r in range(B * H * N)])
+        return rows.view(B, H, N, PAD)
+
+    qp, kp = padded(q), padded(k)
+    vp = torch.cat([v, torch.zeros(B, H, N, PAD - D, dtype=v.dtype)], dim=-1)
+    o, lse = reference.attention(qp, kp, vp, sm_scale=D ** -0.5)
+    o = o[..., :D].float()
+    lse = lse.float()
+    assert torch.isnan(o[0, -1]).any() and not torch.isnan(o[0, :-1]).any()
+    cause = diagnose.explain_attention(o, lse, q.float(), k.float(), v.float())
+    assert "padding columns 24..31" in cause, cause
+    # NaN in a head that reads nothing past the end is not put down to the padding columns
+    o[0, 0, 0, 0] = float("nan")
+    cause = diagnose.explain_attention(o, lse, q.float(), k.float(), v.float())
+    assert cause.startswith("likely cause: NaN in the output"), cause

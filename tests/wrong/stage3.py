@@ -27,7 +27,7 @@ MUTANTS = [
                    "q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)"),
                   ("k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)",
                    "k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None], other=0.0)")],
-           caught_by=["head_dims_padded"]),   # reads past its rows: what it reads, and so its diagnosis, varies
+           caught_by=["head_dims_padded"], diagnosis="padding_columns_unmasked"),
     Mutant("drops_partial_last_key_block", "loops over whole key blocks only, skipping a partial last one",
            edits=[("for start_n in range(0, N_K, BLOCK_N):", "for start_n in range(0, N_K - BLOCK_N + 1, BLOCK_N):")],
            caught_by=["unequal_lengths", "block_shapes"], diagnosis="drops_last_key_block"),
