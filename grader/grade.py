@@ -278,8 +278,13 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
     private = [] if folder in (loader.ROOT / "stages", loader.ROOT / "solutions") else [folder]
     if mechanism.name == "user":
         sandbox.protect_answer_keys(private)
+    # Grading your own files again reuses the kernels compiled last time; other people's code (a
+    # batch, or a folder given by path) starts from an empty cache.
+    own = str(source) in ("stages", "solutions") and not os.environ.get("WORKBOOK_PRIVATE")
+    cache = sandbox.compile_cache(str(source)) if own and mechanism.name != "none" else None
     try:
-        with Runner(stage.module, str(snapshot), limits=limits, private=private, mechanism=mechanism) as runner:
+        with Runner(stage.module, str(snapshot), limits=limits, private=private, mechanism=mechanism,
+                    cache=cache) as runner:
             for check in checks:
                 if time.monotonic() >= deadline:
                     result.results.append(CheckResult(

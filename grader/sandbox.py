@@ -36,6 +36,7 @@ import glob
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -207,6 +208,49 @@ def _bind_args(view: View, *, tmp_mb: int, shm_mb: int) -> list[str]:
     return args
 
 
+#: Where a worker finds its compile cache inside bubblewrap.
+CACHE_MOUNT = "/compile-cache"
+
+
+def compile_cache(name: str) -> Path:
+    """A compile cache kept between gradings of one person's own files (``name``: 'stages' or
+    'solutions'), so that only the first grading pays for compiling every kernel.
+
+    Learner code writes to it, so it is never shared: not between the learner's files and the
+    reference, and a batch (other people's code) gets none.  It lives in the grader's folder,
+    out of reach of other users' workers."""
+    if name not in ("stages", "solutions"):
+        raise ValueError(f"name must be 'stages' or 'solutions', not {name!r}")
+    path = private_dir() / f"cache-{name}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        owner = path.lstat().st_uid
+        if path.is_symlink() or not path.is_dir() or (owner != os.geteuid()
+                                                      and not UID_BASE <= owner < UID_BASE + UID_SLOTS):
+            raise IsolationError(f"{path} is not a compile cache of the grader's: remove it") from None
+    return path
+
+
+def _give(folder: Path, uid: int) -> None:
+    """Make ``folder`` and everything in it ``uid``'s, following no link.  A file with other names
+    elsewhere (a hard link a worker made) is removed, not given: it may be someone else's."""
+    os.lchown(folder, uid, uid)
+    for root, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
+                os.unlink(path)
+            else:
+                os.lchown(path, uid, uid)
+
+
+def _cache_env(cache: str) -> dict[str, str]:
+    return dict(TRITON_CACHE_DIR=f"{cache}/triton", TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor",
+                TORCH_EXTENSIONS_DIR=f"{cache}/torch_extensions", CUDA_CACHE_PATH=f"{cache}/nv")
+
+
 def _worker_env(*, home: str | None, uid: int | None) -> dict[str, str]:
     """A clean environment: nothing of the grader's own (tokens, paths to records) reaches the worker.
 
@@ -230,8 +274,9 @@ class Sandbox:
     """Everything one worker process runs inside: command line, environment, uid, cgroup, scratch."""
 
     def __init__(self, mechanism: Mechanism, view: View, *, memory_mb: int = 8192, processes: int = 256,
-                 disk_mb: int = 2048, uid: int | None = None):
+                 disk_mb: int = 2048, uid: int | None = None, cache: Path | None = None):
         self.mechanism, self.view = mechanism, view
+        self.cache = cache          # a compile cache of compile_cache()'s, written by the worker
         self.memory_mb, self.processes, self.disk_mb = memory_mb, processes, disk_mb
         self._uid_lock = None
         self.uid = uid
@@ -253,6 +298,8 @@ class Sandbox:
             self.scratch = tempfile.mkdtemp(prefix=f"{os.getpid()}-scratch-", dir=parent)
             os.chown(self.scratch, self.uid, self.uid)
             os.chmod(self.scratch, 0o700)
+        if self.cache is not None and self.uid is not None:
+            _give(self.cache, self.uid)
         self.cgroup = CGroup.make(self.memory_mb, self.processes)
 
     def command(self, argv: list[str]) -> list[str]:
@@ -268,6 +315,7 @@ class Sandbox:
             cmd += ["bwrap", "--die-with-parent", "--new-session", *users, "--unshare-pid", "--unshare-net",
                     "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "workbook",
                     *_bind_args(self.view, tmp_mb=self.disk_mb, shm_mb=self.memory_mb),
+                    *(["--bind", str(self.cache), CACHE_MOUNT] if self.cache is not None else []),
                     "--chdir", str(ROOT), "--"]
         if self.uid is not None:
             cmd += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
@@ -275,7 +323,10 @@ class Sandbox:
         return cmd + list(argv)
 
     def env(self) -> dict[str, str]:
-        return _worker_env(home=self.home(), uid=self.uid)
+        env = _worker_env(home=self.home(), uid=self.uid)
+        if self.cache is not None and self.mechanism.name != "none":
+            env.update(_cache_env(CACHE_MOUNT if self.mechanism.name == "bubblewrap" else str(self.cache)))
+        return env
 
     def usage_mb(self, pid: int) -> int:
         """Memory of every kind the worker holds now: its processes' anonymous and shared pages, the

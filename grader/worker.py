@@ -239,12 +239,13 @@ class Runner:
     """
 
     def __init__(self, stage: str, source: str, *, log_dir: str | os.PathLike | None = None,
-                 limits: Limits | None = None, private=(), protected=(), mechanism=None):
+                 limits: Limits | None = None, private=(), protected=(), mechanism=None, cache=None):
         self.stage = stage
         self.source = str(Path(source).resolve()) if str(source) not in ("stages", "solutions") else str(source)
         self.limits = limits or Limits.from_env()
         self._private, self._protected = tuple(map(str, private)), tuple(map(str, protected))
         self.mechanism = mechanism or sandbox.choose()
+        self.cache = cache          # a compile cache kept between gradings (sandbox.compile_cache)
         self._sandbox = None
         self._proc = None
         self._conn = None
@@ -261,7 +262,7 @@ class Runner:
         if self._sandbox is None:
             self._sandbox = sandbox.Sandbox(
                 self.mechanism, sandbox.View(readable=(str(loader_dir(self.source)),)), memory_mb=self.limits.memory_mb,
-                processes=self.limits.processes, disk_mb=self.limits.disk_mb)
+                processes=self.limits.processes, disk_mb=self.limits.disk_mb, cache=self.cache)
             self._sandbox.open()
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()

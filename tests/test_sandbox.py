@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +52,87 @@ def test_asking_for_a_mechanism_is_checked(monkeypatch):
         assert "Python guard only" in chosen.describe()
     finally:
         sandbox.choose.cache_clear()
+
+
+def _mechanism_or_skip(name):
+    try:
+        return sandbox.choose(name)
+    except sandbox.IsolationError as exc:
+        pytest.skip(str(exc))
+
+
+WRITE_CACHE = """
+import os, pathlib, sys
+cache = pathlib.Path(os.environ["TRITON_CACHE_DIR"])
+if sys.argv[1] == "write":
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "kernel.bin").write_text("compiled")
+print((cache / "kernel.bin").read_text())
+"""
+
+
+@pytest.mark.parametrize("name", ["bubblewrap", "user"])
+def test_a_compile_cache_outlives_one_worker_and_holds_nothing_else(name, tmp_path, request):
+    mechanism = _mechanism_or_skip(name)
+    import shutil
+    import tempfile
+    cache = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-test-cache-", dir=sandbox.private_dir()))
+    request.addfinalizer(lambda: shutil.rmtree(cache, ignore_errors=True))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the grader's")
+    for step in ("write", "read"):
+        box = sandbox.Sandbox(mechanism, sandbox.View(readable=()), cache=cache)
+        box.open()
+        try:
+            done = subprocess.run(box.command([sys.executable, "-c", WRITE_CACHE, step]), env=box.env(),
+                                  cwd="/", capture_output=True, text=True, timeout=120)
+        finally:
+            box.close()
+        assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr
+        assert box.env()["TRITON_CACHE_DIR"] != os.environ.get("TRITON_CACHE_DIR")
+    assert (cache / "triton" / "kernel.bin").read_text() == "compiled"
+    assert outside.read_text() == "the grader's"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving files to another uid needs root")
+def test_giving_a_cache_to_a_worker_uid_follows_no_link(tmp_path):
+    cache, outside = tmp_path / "cache", tmp_path / "outside.txt"
+    cache.mkdir()
+    outside.write_text("root's")
+    (cache / "link").symlink_to(outside)
+    os.link(outside, cache / "hard")            # a second name of a file that is not the worker's
+    (cache / "triton").mkdir()
+    (cache / "triton" / "k.bin").write_text("x")
+    uid = sandbox.UID_BASE + 3
+    sandbox._give(cache, uid)
+    assert outside.stat().st_uid == 0 and not (cache / "hard").exists()
+    assert (cache / "link").lstat().st_uid == uid and (cache / "triton" / "k.bin").stat().st_uid == uid
+
+
+def test_only_your_own_files_get_a_compile_cache(monkeypatch, tmp_path):
+    from grader import grade, stages
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def runner(*args, cache=None, **kwargs):
+        seen.append(cache)
+        raise Stop
+
+    monkeypatch.setattr(grade, "Runner", runner)
+    monkeypatch.setattr(sandbox, "choose", lambda name=None: sandbox.Mechanism("bubblewrap", seccomp=True))
+    monkeypatch.delenv("WORKBOOK_PRIVATE", raising=False)
+    stage = stages.find("stage1")
+    folder = tmp_path / "someone"
+    folder.mkdir()
+    (folder / f"{stage.module}.py").write_text((ROOT / "solutions" / f"{stage.module}.py").read_text())
+    for source in ("solutions", str(folder)):
+        with pytest.raises(Stop):
+            grade.grade_stage(stage, source)
+    monkeypatch.setenv("WORKBOOK_PRIVATE", str(tmp_path))      # a batch's grading
+    with pytest.raises(Stop):
+        grade.grade_stage(stage, "solutions")
+    assert seen == [sandbox.compile_cache("solutions"), None, None]
+    with pytest.raises(ValueError, match="name must be"):
+        sandbox.compile_cache(str(folder))
