@@ -150,3 +150,31 @@ def test_gradescope_installs_the_same_pins():
     installs = [line for line in text.splitlines() if "pip install" in line]
     assert installs and all("constraints/cpu.txt" in line or "$PINS" in line for line in installs)
     assert "PINS=/autograder/source/constraints/cpu.txt" in text
+
+
+@pytest.mark.parametrize("system, has_311, expected", [("3.12", False, "python3"), ("3.10", True, "python3.11"),
+                                                       ("3.10", False, None)])
+def test_gradescope_picks_a_python_the_workbook_runs_on(tmp_path, system, has_311, expected):
+    """Ubuntu 24.04's python3 is used as it is; on 22.04 python3.11 is installed, else the
+    instructor is told which base image to choose."""
+    text = (ROOT / "grader" / "gradescope" / "setup.sh").read_text()
+    function = text[text.index("pick_python() {"):text.index("\n}\n", text.index("pick_python() {")) + 3]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    old = "import sys; sys.exit(1)" if system == "3.10" else "import sys; sys.exit(0)"
+
+    def script(name, body):
+        (fake / name).write_text("#!/bin/sh\n" + body + "\n")
+        (fake / name).chmod(0o755)
+
+    script("python3", f'case "$1" in --version) echo "Python {system}.4";; *) exec {sys.executable} -c "{old}";; esac')
+    script("apt-get", "exit 0" if has_311 else "exit 100")
+    if has_311:
+        script("python3.11", f'exec {sys.executable} "$@"')
+    done = subprocess.run(["bash", "-c", function + 'pick_python && echo "PY=$PY"'], capture_output=True, text=True,
+                          env={"PATH": f"{fake}:/usr/bin:/bin"}, timeout=60)
+    if expected:
+        assert done.returncode == 0 and done.stdout.strip() == f"PY={expected}", done.stderr
+    else:
+        assert done.returncode != 0 and "choose the Ubuntu 24.04 base image" in done.stderr
+        assert f"Python {system}.4" in done.stderr
