@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from kernels import tolerance
+from kernels import runtime, tolerance
 from grader.worker import LearnerError, WorkerDied
 
 
@@ -52,6 +52,7 @@ class Check:
     doc: str = ""
     hidden: bool = False       # counts in the grade; never released, never named to the learner
     validation: bool = False   # judges bad-input handling only: no points while the code it calls has holes
+    sm: int = 0                # the oldest GPU it runs on, as sm_XY (80: mma.sync.m16n8k16, cp.async); "not run" below
 
 
 _REGISTRY: dict[str, list[Check]] = {}
@@ -61,7 +62,7 @@ HIDDEN_PACKAGE = "grader.checks.hidden"
 
 
 def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = "", hidden: bool = False,
-          validation: bool = False):
+          validation: bool = False, sm: int = 0):
     """Register a check in the list of its module (one module of checks per stage).
 
     A ``validation`` check only asks that bad input be refused; the wrapper's given code already
@@ -78,7 +79,7 @@ def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: s
             raise ValueError(f"check {fn.__name__} in {fn.__module__}: hidden checks, and only they, belong in "
                              f"grader/checks/hidden/stageN.py (with @check(hidden=True))")
         doc = (fn.__doc__ or "").strip().splitlines()
-        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden, validation)
+        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden, validation, sm)
         _REGISTRY.setdefault(fn.__module__, []).append(c)
         return fn
     return register
@@ -141,7 +142,12 @@ class Ctx:
 
     # -- inputs ---------------------------------------------------------------------------
     def randn(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
-        """Fresh standard-normal numbers (never zeros), on the CPU of the grader's process."""
+        """Fresh standard-normal numbers (never zeros), on the CPU of the grader's process.
+
+        On a GPU without bfloat16 (a T4), asking for bfloat16 stops the check: "not run"."""
+        if dtype == torch.bfloat16 and runtime.ON_GPU and not runtime.has_bfloat16():
+            major, minor = runtime.capability()
+            self.skip(f"needs bfloat16, which an sm_80 or newer GPU has; this GPU is sm_{major}{minor}")
         return (torch.randn(*shape, generator=self.generator) * scale).to(dtype)
 
     def uniform(self, *shape: int, low: float, high: float, dtype=torch.float32) -> torch.Tensor:

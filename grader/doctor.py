@@ -347,7 +347,7 @@ def stage_rows(f: Facts) -> list[tuple[str, str]]:
         gpu_only = [c for c in checks if c.gpu]
         skipped = [] if f.gpu else gpu_only
         if f.gpu and f.gpu.capability < (8, 0):
-            skipped = [c for c in gpu_only if "bfloat16" in c.name or stage.number == 4]
+            skipped = [c for c in gpu_only if "bfloat16" in c.name or c.sm > 10 * f.gpu.capability[0] + f.gpu.capability[1]]
         if stage.number == 4 and not f.nvcc:
             skipped += [c for c in checks if c.name == "cuda_source_compiles" and c not in skipped]
         ran = len(checks) - len(skipped)

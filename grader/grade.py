@@ -134,6 +134,10 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
     if check.gpu and not runtime.ON_GPU:
         return CheckResult(check.name, check.points, 0, "not run", "needs a CUDA GPU; none is visible here",
                            hidden=check.hidden)
+    if check.gpu and check.sm and runtime.capability() < divmod(check.sm, 10):
+        major, minor = runtime.capability()
+        return CheckResult(check.name, check.points, 0, "not run", f"needs an sm_{check.sm} or newer GPU; this one is "
+                           f"sm_{major}{minor}", hidden=check.hidden)
     start = time.monotonic()
     limits = limits or Limits.from_env()
     timeout = check.timeout

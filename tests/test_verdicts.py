@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from grader import holes, release, stages
 from grader.grade import format_result, grade_stage
 from kernels.loader import ROOT
@@ -247,3 +249,31 @@ def test_padding_columns_are_named_even_when_the_read_past_the_end_is_nan():
     o[0, 0, 0, 0] = float("nan")
     cause = diagnose.explain_attention(o, lse, q.float(), k.float(), v.float())
     assert cause.startswith("likely cause: NaN in the output"), cause
+
+
+def test_on_a_gpu_older_than_sm_80_its_checks_are_not_run_not_failed(monkeypatch):
+    """A T4 (sm_75) has no bfloat16 and no mma.sync.m16n8k16: those checks say so instead of failing."""
+    from grader import grade
+    from kernels import runtime
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setattr(runtime, "capability", lambda: (7, 5))
+
+    called = []
+
+    class NoRunner:         # neither check may reach learner code
+        last_call, stage, source = None, "stage4_variable_block", "solutions"
+
+        def call(self, fn_name, *args, **kwargs):
+            called.append(fn_name)
+            raise RuntimeError("no kernel here")
+
+    by_name = {c.name: c for s in ("stage3", "stage4") for c in stages.find(s).checks()}
+    kernel = grade.run_check(by_name["kernel_head_dims"], NoRunner(), seed=0)
+    assert kernel.status == "not run" and kernel.message == "needs an sm_80 or newer GPU; this one is sm_75"
+    bf16 = grade.run_check(by_name["gpu_bfloat16"], NoRunner(), seed=0)
+    assert bf16.status == "not run" and "needs bfloat16" in bf16.message and "sm_75" in bf16.message
+    assert called == []
+    monkeypatch.setattr(runtime, "capability", lambda: (9, 0))
+    monkeypatch.setattr(runtime, "has_bfloat16", lambda: True)
+    grade.run_check(by_name["kernel_head_dims"], NoRunner(), seed=0)
+    assert called == ["flash_attention"]

@@ -245,7 +245,7 @@ def cuda_source_compiles(ctx):
 
 # ---- the CUDA kernel (GPU) -----------------------------------------------------------------
 
-@check(points=3, gpu=True, timeout=300,
+@check(points=3, gpu=True, sm=80, timeout=300,
        hint="Q K^T runs over the padded head dim (zero columns in shared memory), P V over the exact one: "
             "an odd number of 8-column output tiles (72 / 8 = 9) needs the ldmatrix_x2_trans tail")
 def kernel_head_dims(ctx):
@@ -257,7 +257,7 @@ def kernel_head_dims(ctx):
             _judge(ctx, "flash_attention", q, k, v)
 
 
-@check(points=3, gpu=True, timeout=300,
+@check(points=3, gpu=True, sm=80, timeout=300,
        hint="bottom-right causal: key j is visible to row i iff j <= i + (Nk - Nq); stop the key loop after the "
             "block's last visible key, and keep rows that see nothing NaN-free")
 def kernel_causal(ctx):
@@ -271,7 +271,7 @@ def kernel_causal(ctx):
             _judge(ctx, "flash_attention", q, k, v, causal=True)
 
 
-@check(points=2, gpu=True, timeout=300,
+@check(points=2, gpu=True, sm=80, timeout=300,
        hint="rows past Nq and keys past Nk are zero-filled by cp.async (src-size 0); keys past Nk must also be "
             "masked to -inf in the last block")
 def kernel_odd_lengths(ctx):
@@ -283,7 +283,7 @@ def kernel_odd_lengths(ctx):
             _judge(ctx, "flash_attention", q, k, v, causal=causal)
 
 
-@check(points=2, gpu=True, timeout=300,
+@check(points=2, gpu=True, sm=80, timeout=300,
        hint="with block_m != block_n a row can be fully masked inside a tile: keep its scaled max at 0 while its "
             "running max is -inf; with 32 rows per warp, every K/V fragment goes into both m-tiles")
 def kernel_asymmetric_tiles(ctx):
@@ -296,7 +296,7 @@ def kernel_asymmetric_tiles(ctx):
         _judge(ctx, "flash_attention", q, k, v, causal=True, block_m=bm, block_n=bn, num_warps=warps)
 
 
-@check(points=1, gpu=True, timeout=300, hint="pass the batch, head and row strides to the kernel; never assume "
+@check(points=1, gpu=True, sm=80, timeout=300, hint="pass the batch, head and row strides to the kernel; never assume "
                                              "a contiguous (B, H, N, D) layout")
 def kernel_non_contiguous(ctx):
     """Inputs in (B, N, H, D) memory viewed as (B, H, N, D), and a custom sm_scale."""
