@@ -683,3 +683,123 @@ def row_sum(out, x, w, *, allowed: float, block: int | None = None) -> Diagnosis
         if fit is not None and (best is None or fit < best[0]):
             best = (fit, cause, message)
     return Diagnosis(best[1], best[2]) if best else None
+
+
+# -- gradients (stage 9) ---------------------------------------------------------------------------
+def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scale=True, dk_scale=True,
+           group_sum=True, sink_in_lse=True, dsinks_sign=1.0):
+    """dq, dk, dv, dsinks of dense float64 attention by the backward's own formulas, with one
+    known mistake switched on:
+
+        P = exp(S - lse)          (lse with the sink unless ``sink_in_lse`` is off)
+        delta = rowsum(dO * O)    dS = P * (dP - delta)      (no "- delta": ``minus_delta`` off)
+        dq = scale dS K           dk = scale dS^T Q          dv = P^T dO
+        dk, dv summed over each GQA group's query heads (only its first: ``group_sum`` off)
+        dsinks = -sum over rows of exp(sink - lse) * delta
+    """
+    q, k, v, do = (t.detach().to("cpu", torch.float64) for t in (q, k, v, do))
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = ((q @ kr.transpose(-1, -2)) * scale).masked_fill(~visible, float("-inf"))
+    keys_lse = torch.logsumexp(s, dim=-1)
+    sink = sinks.detach().to(torch.float64).view(1, Hq, 1) if sinks is not None else None
+    lse = torch.logaddexp(keys_lse, sink.expand_as(keys_lse)) if sink is not None else keys_lse
+    safe = lambda x: torch.where(torch.isinf(x), torch.zeros_like(x), x)      # rows that see nothing
+    o = torch.exp(s - safe(lse)[..., None]) @ vr
+    used = lse if sink_in_lse else keys_lse
+    p = torch.exp(s - safe(used)[..., None])
+    dp = do @ vr.transpose(-1, -2)
+    delta = (do * o).sum(dim=-1)
+    ds = p * (dp - delta[..., None]) if minus_delta else p * dp
+    dq = (ds @ kr) * (scale if dq_scale else 1.0)
+    dk_h = (ds.transpose(-1, -2) @ q) * (scale if dk_scale else 1.0)
+    dv_h = p.transpose(-1, -2) @ do
+    fold = lambda t: t.view(B, Hkv, group, Nk, D).sum(dim=2) if group_sum else t.view(B, Hkv, group, Nk, D)[:, :, 0]
+    dsinks = None
+    if sink is not None:
+        dsinks = -dsinks_sign * (torch.exp(sink - safe(used)) * delta).sum(dim=(0, 2))
+    return dq, fold(dk_h), fold(dv_h), dsinks
+
+
+GRADIENT_VARIANTS = {
+    "backward_without_delta": (dict(minus_delta=False), "dS is P * dP without the softmax's '- delta': dq and dk "
+                               "are off while dv is right.  dS = P * (dP - delta), with delta = rowsum(dO * O)"),
+    "dq_unscaled": (dict(dq_scale=False), "dq is missing the softmax scale: it is dS @ K where it should be "
+                    "sm_scale * dS @ K (the scores were scaled by sm_scale in the forward)"),
+    "dk_unscaled": (dict(dk_scale=False), "dk is missing the softmax scale: it is dS^T @ Q where it should be "
+                    "sm_scale * dS^T @ Q"),
+    "gqa_first_head_only": (dict(group_sum=False), "dk and dv hold only the first query head of each GQA group: "
+                            "every query head of a group reads the same K and V, so their gradients add up over "
+                            "the group"),
+    "lse_without_sink": (dict(sink_in_lse=False), "P is rebuilt from an lse that leaves out the sink, as if each "
+                         "row's probabilities summed to 1: use the lse the forward saved, sink included"),
+    "dsinks_sign_flipped": (dict(dsinks_sign=-1.0), "d(sinks) has the wrong sign: the sink only adds to each "
+                            "row's normalisation, so dsinks = -sum over rows of exp(sink - lse) * delta"),
+}
+
+
+def gradients(got: dict, q, k, v, do, opts: dict, *, allowed: dict) -> Diagnosis | None:
+    """The most likely known mistake behind wrong gradients, or None.
+
+    ``got`` and ``allowed`` map "dq", "dk", "dv" (and "dsinks" with learned sinks) to the learner's
+    gradient and the error the tolerance allows it.  A variant explains them when every gradient
+    is within a few tolerances of the variant's and the variant differs from the right answer.
+    """
+    names = [n for n in ("dq", "dk", "dv", "dsinks") if got.get(n) is not None and n in allowed]
+    if not all(isinstance(got[n], torch.Tensor) for n in names):
+        return None
+    causal, window = bool(opts.get("causal")), opts.get("window")
+    sink_tokens, sinks = opts.get("sink_tokens") or 0, opts.get("sinks")
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    if B * Hq * Nq * Nk > 4 * _DENSE_LIMIT:
+        return None
+    scale = opts.get("sm_scale") or 1.0 / math.sqrt(D)
+    vis = masks.materialize(masks.attention_mask(Nq, Nk, causal=causal, window=window, sink_tokens=sink_tokens),
+                            Nq, Nk).clone()
+    empty = ~vis.any(dim=1)
+    for n in names:
+        bad = ~torch.isfinite(got[n].detach().double())
+        if bool(bad.any()):
+            if n == "dq" and sinks is None and bool(empty.any()) and bool((bad.any(dim=-1).any(dim=(0, 1)) <= empty).all()):
+                return Diagnosis("nan_empty_rows", f"NaN in dq for the query rows that see no key ({_rows(empty)}): "
+                                 "their lse is -inf and exp(s - lse) = exp(-inf - -inf) is NaN.  Rows that see "
+                                 "nothing have P = 0: rebuild P with 0 in place of an lse that is -inf")
+            return Diagnosis("nan", f"NaN or inf in {n}: look for exp(-inf - -inf), 0 / 0, or gradient elements "
+                             "that are never stored")
+    base = dict(zip(("dq", "dk", "dv", "dsinks"), _grads(q, k, v, do, scale=scale, visible=vis, sinks=sinks)))
+    tol = {n: max(float(allowed[n]), 1e-12) for n in names}
+
+    def gap(a, b):
+        return float((a.detach().double() - b).abs().max()) if a.numel() else 0.0
+
+    wrong = [n for n in names if gap(got[n], base[n]) > _FIT * tol[n]]
+    if not wrong:
+        return None
+    variants = dict(GRADIENT_VARIANTS)
+    if sinks is not None:
+        variants["dsinks_left_out"] = (None, "d(sinks) is zero: the sink's share of the gradient, "
+                                       "-sum over rows of exp(sink - lse) * delta, is never added")
+    fitting = []
+    for cause, (switch, message) in variants.items():
+        if cause in ("lse_without_sink", "dsinks_sign_flipped") and sinks is None:
+            continue
+        if cause == "gqa_first_head_only" and q.shape[1] == k.shape[1]:
+            continue
+        if switch is None:
+            var = dict(base, dsinks=torch.zeros_like(base["dsinks"]))
+        else:
+            var = dict(zip(("dq", "dk", "dv", "dsinks"),
+                           _grads(q, k, v, do, scale=scale, visible=vis, sinks=sinks, **switch)))
+        if not any(gap(var[n], base[n]) > 2 * _FIT * tol[n] for n in wrong):
+            continue                                  # the variant is the right answer here
+        fit = max(gap(got[n], var[n]) / tol[n] for n in names)
+        if fit <= _FIT:
+            fitting.append((fit, cause, message))
+    if not fitting:
+        return None
+    fit, cause, message = min(fitting)
+    where = ", ".join(wrong)
+    return Diagnosis(cause, f"{message} (wrong: {where})")

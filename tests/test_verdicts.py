@@ -277,3 +277,45 @@ def test_on_a_gpu_older_than_sm_80_its_checks_are_not_run_not_failed(monkeypatch
     monkeypatch.setattr(runtime, "has_bfloat16", lambda: True)
     grade.run_check(by_name["kernel_head_dims"], NoRunner(), seed=0)
     assert called == ["flash_attention"]
+
+
+def _autograd(q, k, v, do, sinks=None, **opts):
+    """dq, dk, dv, dsinks of the float64 reference by autograd: the answer the diagnosis must agree with."""
+    import torch
+
+    from kernels import reference
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    s = sinks.detach().double().requires_grad_(True) if sinks is not None else None
+    o, _ = reference.attention(*leaves, sinks=s, **opts)
+    o.backward(do.double())
+    return (*(t.grad for t in leaves), s.grad if s is not None else None)
+
+
+def test_gradient_diagnoses_name_the_mistake_and_blame_nothing_on_right_answers():
+    import torch
+
+    from grader import diagnose
+    g = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, N, D = 1, 4, 2, 24, 16
+    q, do = (torch.randn(B, Hq, N, D, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, N, D, generator=g, dtype=torch.float64) for _ in range(2))
+    sinks = torch.randn(Hq, generator=g, dtype=torch.float64)
+    opts = dict(causal=True, window=9, sinks=sinks)
+    dq, dk, dv, ds = _autograd(q, k, v, do, **opts)
+    allowed = {n: 1e-9 for n in ("dq", "dk", "dv", "dsinks")}
+
+    def cause(**wrong):
+        got = dict(dict(dq=dq, dk=dk, dv=dv, dsinks=ds), **wrong)
+        found = diagnose.gradients(got, q, k, v, do, opts, allowed=allowed)
+        return found.cause if found else None
+
+    assert cause() is None
+    scale = D ** -0.5
+    assert cause(dq=dq / scale) == "dq_unscaled"
+    assert cause(dsinks=-ds) == "dsinks_sign_flipped"
+    assert cause(dsinks=torch.zeros_like(ds)) == "dsinks_left_out"
+    first = do.clone()
+    first[:, 1::2] = 0                         # only the first query head of each group of two
+    _, dk1, dv1, _ = _autograd(q, k, v, first, **opts)
+    assert cause(dk=dk1, dv=dv1) == "gqa_first_head_only"
+    assert cause(dq=dq * 1.5) is None          # a mistake it does not know: no cause is invented
