@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from kernels import masks as _masks
 
@@ -54,8 +55,8 @@ def _axes(ax, figsize=(4, 4)):
 
 
 def _block_ticks(ax, rows: int, cols: int, block_m: int, block_n: int):
-    """Block numbers at the centre of each tile, every one up to 16 blocks, then every 2nd, 4th, ..."""
-    step_r, step_c = max(1, math.ceil(rows / 16)), max(1, math.ceil(cols / 16))
+    """Block numbers at the centre of the tiles: every one up to 16 rows or 10 columns, then every 2nd, ..."""
+    step_r, step_c = max(1, math.ceil(rows / 16)), max(1, math.ceil(cols / 10))
     ax.set_xticks([(c + 0.5) * block_n for c in range(0, cols, step_c)], [str(c) for c in range(0, cols, step_c)])
     ax.set_yticks([(r + 0.5) * block_m for r in range(0, rows, step_r)], [str(r) for r in range(0, rows, step_r)])
     ax.set_xlabel(f"key block (block_n = {block_n})")
@@ -83,6 +84,8 @@ def plot_mask(mask, nq: int | None = None, nk: int | None = None, *, ax=None, ti
               interpolation="nearest", aspect="equal")
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))      # keys and queries are whole numbers
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if block_m:
         for y in range(block_m, nq, block_m):
             ax.axhline(y - 0.5, color="#e63946", lw=1)
@@ -119,16 +122,16 @@ def plot_tile_grid(mask, nq: int, nk: int, block_m: int, block_n: int, *, ax=Non
                    annotate: bool = True):
     """Which tiles a kernel computes in full, computes with a mask, or skips entirely.
 
-    When ``nq`` or ``nk`` is not a multiple of its block, the last tiles hang past the sequence:
-    the kernel masks the lanes past the end (drawn hatched, never loaded), so those tiles are
-    partial even where the mask keeps every pair.
+    When ``nq`` or ``nk`` is not a multiple of its block, the last tiles hang past the sequence
+    (hatched: never loaded).  A tile that runs past the last key is partial even where the mask
+    keeps every pair, as in the kernels' block schedules: the scores of the missing keys are
+    masked.  Rows past the last query need no mask in the scores; they are only never stored.
     """
     states = tile_states(mask, nq, nk, block_m, block_n)
     rows, cols = states.shape
-    past_end = np.zeros(states.shape, dtype=bool)
-    past_end[-1, :] |= nq % block_m != 0
-    past_end[:, -1] |= nk % block_n != 0
-    states = np.where(past_end & (states == FULL), PARTIAL, states)
+    past_last_key = np.zeros(states.shape, dtype=bool)
+    past_last_key[:, -1] = nk % block_n != 0
+    states = np.where(past_last_key & (states == FULL), PARTIAL, states)
     # Tiles are drawn in element units, so a 16x64 tile looks four times wider than tall.
     ax = _axes(ax, figsize=(max(3, min(9, cols * block_n / 40 + 1)), max(3, min(9, rows * block_m / 40 + 1))))
     ax.imshow(states, cmap=_TILE_COLORS, vmin=0, vmax=2, interpolation="nearest",
@@ -136,14 +139,17 @@ def plot_tile_grid(mask, nq: int, nk: int, block_m: int, block_n: int, *, ax=Non
     _block_ticks(ax, rows, cols, block_m, block_n)
     _tile_lines(ax, rows, cols, block_m, block_n)
     if annotate and states.size <= 400:
-        for (r, c), s in np.ndenumerate(states):       # the letter sits on the part of the tile inside the sequence
-            ax.text((c * block_n + min((c + 1) * block_n, nk)) / 2, (r * block_m + min((r + 1) * block_m, nq)) / 2,
-                    "FPS"[2 - s] if s else "", ha="center", va="center", fontsize=MIN_FONT_PT, color="white")
+        for (r, c), s in np.ndenumerate(states):
+            # the letter sits on the part of the tile inside the sequence, when that part has room for it
+            x0, x1, y0, y1 = c * block_n, min((c + 1) * block_n, nk), r * block_m, min((r + 1) * block_m, nq)
+            if s and 4 * (x1 - x0) >= block_n and 4 * (y1 - y0) >= block_m:
+                ax.text((x0 + x1) / 2, (y0 + y1) / 2, "FPS"[2 - s], ha="center", va="center",
+                        fontsize=MIN_FONT_PT, color="white")
     handles = [Patch(color=_TILE_COLORS(s), label=f"{_TILE_LABELS[s]}: {int((states == s).sum())}")
                for s in (FULL, PARTIAL, SKIPPED)]
-    if past_end.any():
+    if nq % block_m or nk % block_n:
         mark_sequence_ends(ax, nq, nk)
-        handles.append(Patch(**_PAST_END, label="past the last query or key (masked lanes)"))
+        handles.append(Patch(**_PAST_END, label="past the last query or key (never loaded)"))
     _legend_below(ax, handles)
     ax.set_title(title or f"{states.size} tiles of {block_m}x{block_n}")
     return ax
@@ -207,14 +213,17 @@ def mark_sequence_ends(ax, nq: int, nk: int):
     y0, y1 = sorted(ax.get_ylim())
     label = dict(ha="center", va="center", fontsize=MIN_FONT_PT, color="#333333",
                  bbox=dict(facecolor="white", alpha=0.8, lw=0, pad=1))
+    # A strip under a tenth of the grid is too thin for its label; the legend names it.
     if nk < x1:
         ax.add_patch(Rectangle((nk, y0), x1 - nk, y1 - y0, **_PAST_END))
         ax.axvline(nk, color="#e63946", lw=1.5, ls="--")
-        ax.text((nk + x1) / 2, (y0 + min(nq, y1)) / 2, f"past the last key ({nk - 1})", rotation=90, **label)
+        if x1 - nk >= (x1 - x0) / 10:
+            ax.text((nk + x1) / 2, (y0 + min(nq, y1)) / 2, f"past the last key ({nk - 1})", rotation=90, **label)
     if nq < y1:
         ax.add_patch(Rectangle((x0, nq), min(nk, x1) - x0, y1 - nq, **_PAST_END))
         ax.axhline(nq, color="#e63946", lw=1.5, ls="--")
-        ax.text((x0 + min(nk, x1)) / 2, (nq + y1) / 2, f"past the last query ({nq - 1})", **label)
+        if y1 - nq >= (y1 - y0) / 10:
+            ax.text((x0 + min(nk, x1)) / 2, (nq + y1) / 2, f"past the last query ({nq - 1})", **label)
     return ax
 
 
