@@ -84,8 +84,8 @@ def plot_mask(mask, nq: int | None = None, nk: int | None = None, *, ax=None, ti
               interpolation="nearest", aspect="equal")
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))      # keys and queries are whole numbers
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))      # keys and queries are whole numbers
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
     if block_m:
         for y in range(block_m, nq, block_m):
             ax.axhline(y - 0.5, color="#e63946", lw=1)
