@@ -812,9 +812,10 @@ def plot(rows: list[dict], path, *, title: str | None = None) -> None:
         mine = [r for r in rows if r["stage"] == stage]
         layout.append((stage, list(dict.fromkeys(r["case"] for r in mine)),
                        list(dict.fromkeys(r["provider"] for r in mine)), {(r["case"], r["provider"]): r for r in mine}))
-    heights = [0.16 * len(cases) * len(names) + 0.25 * len(cases) + 0.9 for _, cases, names, _ in layout]
-    height = sum(heights) + (0.5 if title else 0)
-    fig = Figure(figsize=(12, height), dpi=110)
+    heights = [0.19 * len(cases) * len(names) + 0.25 * len(cases) + 0.9 for _, cases, names, _ in layout]
+    height = sum(heights) + (0.4 if title else 0)
+    # Constrained layout makes room for the title above the first panel and the legends beside them.
+    fig = Figure(figsize=(12, height), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(layout), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
     for ax, (stage, cases, names, get) in zip(axes, layout):
@@ -828,17 +829,16 @@ def plot(rows: list[dict], path, *, title: str | None = None) -> None:
                 ax.barh(y, value, height=bar * 0.9, color=_COLORS.get(name, f"C{j}"),
                         label=name if i == 0 else None)
                 text = f" {value:.0f}" if value else f" {_cell(row)}"
-                ax.text(value, y, text, va="center", fontsize=6.5, color="black" if value else "gray")
-        ax.set_yticks(range(len(cases)), cases, fontsize=8)
+                ax.text(value, y, text, va="center", fontsize=9, color="black" if value else "gray")
+        ax.set_yticks(range(len(cases)), cases, fontsize=9)
         ax.set_ylim(len(cases) - 0.5, -0.5)
         ax.set_xlim(0, top * 1.12)
-        ax.set_title(stage, fontsize=10, loc="left")
+        ax.set_title(stage, fontsize=11, loc="left")
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+        ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     axes[-1].set_xlabel("useful TFLOP/s (higher is better)")
     if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 1 - (0.5 / height if title else 0)))
+        fig.suptitle(title, fontsize=11)
     fig.savefig(path)
 
 
