@@ -4,6 +4,8 @@ What you will learn
 -------------------
 * Why the backward needs nothing of size N^2: the forward saves ``o`` and ``lse``, and every
   tile of the attention matrix is rebuilt on the fly as ``p = exp(s - lse)``.
+* The backward tile by tile in plain PyTorch first (part 1, ``tiled_attention_backward``):
+  the arithmetic of every kernel below, as two loops you can print and step through.
 * The three kernels of FlashAttention-2's backward and why there are three:
     1. a preprocess that computes ``delta = rowsum(dO * O)`` per query row (and here the
        gradient of the learned sinks, which needs nothing else);
@@ -14,9 +16,11 @@ What you will learn
        blocks exactly as the forward does.
 * The same block skipping as the forward (causal, sliding window, sink tokens), seen from
   both sides: a key block is visited by the query blocks that see it, and by no other.
-* An ``autograd.Function`` that ties the forward and the backward together.
+* An ``autograd.Function`` that ties the forward and either backward together
+  (``tiled_attention`` with part 1's, ``attention`` with part 2's).
 
-The forward is stage 8's, complete and given: only the backward has TODOs (9a, 9b, 9c).
+The forward is stage 8's, complete and given: only the backward has TODOs, first in PyTorch (9a),
+then in Triton (9b, 9c, 9d).
 
 The derivation, for one query head (``S = scale * Q K^T``, ``P = exp(S - lse)``, ``O = P V``)::
 
@@ -43,7 +47,7 @@ import math
 
 import torch
 
-from kernels import runtime, tuning, validate
+from kernels import masks, runtime, tuning, validate
 
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
@@ -253,7 +257,108 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
 
 
 # =============================================================================================
-# The backward pass.
+# Part 1: the backward in PyTorch, one tile at a time (TODO 9a).
+# =============================================================================================
+
+def tiled_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
+                             sm_scale=None, block_m=32, block_n=32):
+    """Gradients ``(dq, dk, dv, dsinks)`` computed tile by tile in PyTorch, from ``o``, ``lse`` and ``do``.
+
+    The same arithmetic as the Triton kernels of part 2, as plain loops: for each block of
+    ``block_m`` query rows, for each block of ``block_n`` keys whose tile holds a visible pair,
+    rebuild that tile of P from lse, and add its share to dq, dk and dv.  Shapes as the
+    forward: dq like q, dk and dv like k and v (float32 arithmetic, returned in the inputs'
+    dtype), dsinks like sinks (None without).  Masks as the forward's (kernels/masks.py).
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                                      sinks=sinks, sm_scale=sm_scale)
+    if o.shape != q.shape or do.shape != q.shape:
+        raise ValueError(f"o and do must have q's shape {tuple(q.shape)}, got {tuple(o.shape)} and {tuple(do.shape)}")
+    if lse.shape != (B, Hq, Nq):
+        raise ValueError(f"lse must have shape {(B, Hq, Nq)}, got {tuple(lse.shape)}")
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    group = Hq // Hkv
+    visible = masks.attention_mask(Nq, Nk, causal=causal, window=window, sink_tokens=sink_tokens)
+    # A query head's GQA group as a dimension of its own: query head h is (h // group, h % group),
+    # so a (B, Hkv, 1, ...) tile of K or V broadcasts over the heads that read it.
+    q4, o4, do4 = (t.float().unflatten(1, (Hkv, group)) for t in (q, o, do))      # (B, Hkv, G, Nq, D)
+    lse4 = lse.float().unflatten(1, (Hkv, group))                                   # (B, Hkv, G, Nq)
+    k4, v4 = (t.float().unsqueeze(2) for t in (k, v))                               # (B, Hkv, 1, Nk, D)
+    sinks4 = sinks.float().view(1, Hkv, group, 1) if sinks is not None else None
+    dq = torch.zeros_like(q4)
+    dk, dv = torch.zeros_like(k4), torch.zeros_like(v4)
+    dsinks = torch.zeros_like(sinks4) if sinks is not None else None
+
+    for i0 in range(0, Nq, block_m):                                    # one query block
+        rows = torch.arange(i0, min(i0 + block_m, Nq), device=q.device)
+        qi, oi, doi = (t[..., i0:i0 + block_m, :] for t in (q4, o4, do4))  # (B, Hkv, G, bm, D)
+        lse_i = lse4[..., i0:i0 + block_m]                              # (B, Hkv, G, bm)
+        # TODO(9a): the backward of this query block, in float32.
+        # First its rows' delta = rowsum(dO * O) and, with learned sinks, their share of the sink
+        # gradient: dsinks -= exp(sinks - lse) * delta, summed over batch and rows.
+        # Then for each key block [j0, j0 + block_n) whose tile holds a visible pair (test
+        # visible(0, 0, rows[:, None], cols[None, :]); skip the others, as the kernels will):
+        #   p = exp(scale * qi @ kj^T - lse) where visible, 0 elsewhere (torch.where, not a
+        #       product with the mask: a row that sees no key has lse = -inf, exp(s - lse) = inf,
+        #       and inf * 0 is NaN),
+        #   dv += p^T @ dO, dp = dO @ vj^T, ds = p * (dp - delta),
+        #   dq += scale * ds @ kj, dk += scale * ds^T @ qi,
+        # summing dk and dv over the group's heads (dimension 2).
+        # BEGIN SOLUTION
+        delta = (doi * oi).sum(dim=-1)                                  # (B, Hkv, G, bm)
+        if sinks is not None:
+            dsinks -= (torch.exp(sinks4 - lse_i) * delta).sum(dim=(0, 3), keepdim=True)
+        for j0 in range(0, Nk, block_n):                                # one key block
+            cols = torch.arange(j0, min(j0 + block_n, Nk), device=q.device)
+            seen = visible(0, 0, rows[:, None], cols[None, :])          # (bm, bn)
+            if not bool(seen.any()):
+                continue
+            kj, vj = k4[..., j0:j0 + block_n, :], v4[..., j0:j0 + block_n, :]   # (B, Hkv, 1, bn, D)
+            s = scale * qi @ kj.transpose(-1, -2)                       # (B, Hkv, G, bm, bn)
+            p = torch.where(seen, torch.exp(s - lse_i[..., None]), 0.0)
+            dv[..., j0:j0 + block_n, :] += (p.transpose(-1, -2) @ doi).sum(dim=2, keepdim=True)
+            dp = doi @ vj.transpose(-1, -2)                             # (B, Hkv, G, bm, bn)
+            ds = p * (dp - delta[..., None])
+            dq[..., i0:i0 + block_m, :] += scale * ds @ kj
+            dk[..., j0:j0 + block_n, :] += scale * (ds.transpose(-1, -2) @ qi).sum(dim=2, keepdim=True)
+        # END SOLUTION
+    dsinks = dsinks.flatten().to(sinks.dtype) if sinks is not None else None
+    return (dq.flatten(1, 2).to(q.dtype), dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype), dsinks)
+
+
+class _Attention(torch.autograd.Function):
+    """o = attention(q, k, v): the forward saves q, k, v, o, lse (and sinks), nothing N^2, and
+    the backward is the function passed in: ``tiled_attention_backward`` or the kernels of part 2."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, window, sink_tokens, sinks, sm_scale, backward):
+        o, lse = flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                 sinks=sinks, sm_scale=sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
+        ctx.options = dict(causal=causal, window=window, sink_tokens=sink_tokens, sm_scale=sm_scale)
+        ctx.backward_fn = backward
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = ctx.backward_fn(q, k, v, o, lse, do, sinks=sinks, **ctx.options)
+        return dq, dk, dv, None, None, None, dsinks, None, None
+
+
+def tiled_attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
+    """Differentiable attention: the Triton forward, and ``tiled_attention_backward`` for the gradients.
+
+    Slow (Python loops over tiles) but exact: the step before the Triton backward.
+    """
+    return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale, tiled_attention_backward)
+
+
+# =============================================================================================
+# Part 2: the backward in Triton, three kernels (TODO 9b, 9c, 9d).
 # =============================================================================================
 
 # Tile shapes of the two backward kernels, (BLOCK_M, BLOCK_N, num_warps, num_stages), per padded
@@ -404,7 +509,7 @@ def _bwd_preprocess_kernel(
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     do_ptrs = DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod
 
-    # TODO(9a): load the O and dO tiles (zeros outside), compute delta = rowsum(dO * O) in float32
+    # TODO(9b): load the O and dO tiles (zeros outside), compute delta = rowsum(dO * O) in float32
     # and store it to DELTA[pid_bh * N_Q + row] for the real rows.  With learned sinks, also load
     # the rows' lse (natural log) and this head's sink logit, and store this block's share of the
     # sink gradient, -sum over rows of exp(sink - lse) * delta, to DSINKS_PART[pid_bh, pid_m]
@@ -449,7 +554,7 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
         stats = stats_group + g * N_Q
         rows = start_m + offs_m
         row_ok = rows < N_Q
-        # TODO(9b): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
+        # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
         # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
         # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
         # (_visible(rows[None, :], offs_n[:, None], ...)).  Rows past N_Q: load their lse as
@@ -571,7 +676,7 @@ def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < N_K
-        # TODO(9c): load the K and V tiles of these keys (zeros outside), rebuild
+        # TODO(9d): load the K and V tiles of these keys (zeros outside), rebuild
         # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and, in a MASKED block, zero it where a
         # key is past N_K or, with CAUSAL, not visible (_visible(rows[:, None], cols[None, :], ...)).
         # Then dp = dO @ v^T, ds = p * (dp - delta) and dq += ds @ k.
@@ -741,31 +846,13 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     return dq, dk, dv, dsinks
 
 
-class _Attention(torch.autograd.Function):
-    """o = attention(q, k, v): the forward saves q, k, v, o, lse (and sinks), nothing N^2."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, window, sink_tokens, sinks, sm_scale):
-        o, lse = flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
-                                 sinks=sinks, sm_scale=sm_scale)
-        ctx.save_for_backward(q, k, v, o, lse, sinks)
-        ctx.options = dict(causal=causal, window=window, sink_tokens=sink_tokens, sm_scale=sm_scale)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, sinks = ctx.saved_tensors
-        dq, dk, dv, dsinks = flash_attention_backward(q, k, v, o, lse, do, sinks=sinks, **ctx.options)
-        return dq, dk, dv, None, None, None, dsinks, None
-
-
 def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
     """Differentiable FlashAttention: ``o``, with gradients for q, k, v and sinks.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); sinks: (Hq,) float32 or None.  Every option of
     the forward (causal, window, sink_tokens, sinks, sm_scale); see kernels/reference.py.
     """
-    return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale)
+    return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale, flash_attention_backward)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -853,12 +940,13 @@ if __name__ == "__main__":
     k, v = (runtime.randn(2, 2, 130, 64, generator=gen).requires_grad_(True) for _ in range(2))
     sinks = torch.tensor([-30.0, 0.0, 1.5, 30.0], device=q.device, requires_grad=True)
     do = runtime.randn(2, 4, 150, 64, generator=gen)
-    for opts in (dict(), dict(causal=True), dict(causal=True, window=32, sink_tokens=4)):
-        grads = torch.autograd.grad(attention(q, k, v, sinks=sinks, **opts), (q, k, v, sinks), do)
+    for attend, opts in [(attend, opts) for attend in (tiled_attention, attention)
+                         for opts in (dict(), dict(causal=True), dict(causal=True, window=32, sink_tokens=4))]:
+        grads = torch.autograd.grad(attend(q, k, v, sinks=sinks, **opts), (q, k, v, sinks), do)
         leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)] + [sinks.detach().clone().requires_grad_(True)]
         o_ref, _ = reference.attention(*leaves[:3], sinks=leaves[3], **opts)
         refs = torch.autograd.grad(o_ref, leaves, do.double())
-        print(f"{opts or 'no mask'}, GQA 4/2, learned sinks: max |grad - ref| " + ", ".join(
+        print(f"{attend.__name__}, {opts or 'no mask'}, GQA 4/2, learned sinks: max |grad - ref| " + ", ".join(
             f"{n} {(g.double() - r).abs().max().item():.1e}" for n, g, r in zip(("dq", "dk", "dv", "dsinks"), grads, refs)))
     if runtime.ON_GPU:
         from triton.testing import do_bench
