@@ -771,13 +771,6 @@ def _bwd_dq_kernel(
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=tile_ok)
 
 
-def _backward_blocks(head_dim_pad: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The untimed tiles ((dK/dV BLOCK_M, BLOCK_N), (dQ BLOCK_M, BLOCK_N)): those of short
-    sequences and of ``return_visits`` (the tables' first entries, or the interpreter's)."""
-    return (tuning.first_entry(DKDV_TILES, head_dim_pad, DKDV_INTERPRETER_TILE)[:2],
-            tuning.first_entry(DQ_TILES, head_dim_pad, DQ_INTERPRETER_TILE)[:2])
-
-
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
                              sm_scale=None, return_visits=False):
     """Gradients ``(dq, dk, dv, dsinks)`` of ``o`` from the forward's ``o`` and ``lse`` and ``do``.
@@ -787,9 +780,10 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     few floats per query block for the sink gradient.
 
     ``return_visits=True`` also returns, for each kernel, how many times it processed each
-    (query block, key block) tile of each (batch, query head): int32 tensors
-    (B, Hq, query blocks, key blocks) in that kernel's own tile shape.  The tests and the
-    notebook's pictures use them to see which blocks are skipped.
+    (query block, key block) tile of each (batch, query head), as a dict: ``"dkdv"`` and
+    ``"dq"`` int32 tensors (B, Hq, query blocks, key blocks), each in its kernel's tile shape
+    ``"dkdv_blocks"`` and ``"dq_blocks"`` (BLOCK_M, BLOCK_N).  The tests and the notebook's
+    pictures use them to see which blocks are skipped.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale,
@@ -842,7 +836,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         Hq, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E, PACK=pack, **flags, **dq_tile)
     if return_visits:
-        return dq, dk, dv, dsinks, visits_dkdv, visits_dq
+        return dq, dk, dv, dsinks, {"dkdv": visits_dkdv, "dq": visits_dq,
+                                    "dkdv_blocks": (bm1, bn1), "dq_blocks": (bm2, bn2)}
     return dq, dk, dv, dsinks
 
 
@@ -853,83 +848,6 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
     the forward (causal, window, sink_tokens, sinks, sm_scale); see kernels/reference.py.
     """
     return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale, flash_attention_backward)
-
-
-# ---------------------------------------------------------------------------------------------
-# Plain functions for the grader and the notebook.  The grader runs your code in a process of
-# its own, and autograd graphs cannot cross between processes, so it calls these instead.
-# ---------------------------------------------------------------------------------------------
-
-def attention_backward_check(q, k, v, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
-                             sm_scale=None):
-    """Run ``attention`` forward, ``o.backward(do)``; return ``(o, dq, dk, dv, dsinks)``."""
-    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    sinks = sinks.detach().requires_grad_(True) if sinks is not None else None
-    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
-    o.backward(do)
-    return o.detach(), q.grad, k.grad, v.grad, (sinks.grad if sinks is not None else None)
-
-
-def backward_visits(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
-    """Which tiles each backward kernel processes: ``{"dkdv": ..., "dq": ...}`` visit counts
-    (B, Hq, query blocks, key blocks), and each kernel's tile shape ``(BLOCK_M, BLOCK_N)``."""
-    o, lse = flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks,
-                             sm_scale=sm_scale)
-    *_, visits_dkdv, visits_dq = flash_attention_backward(
-        q, k, v, o, lse, torch.ones_like(o), causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks,
-        sm_scale=sm_scale, return_visits=True)
-    dkdv_blocks, dq_blocks, *_ = _backward_blocks(triton.next_power_of_2(q.shape[-1]))
-    return {"dkdv": visits_dkdv, "dq": visits_dq, "dkdv_blocks": dkdv_blocks, "dq_blocks": dq_blocks}
-
-
-def saved_for_backward(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
-    """Shapes of every tensor the forward keeps for the backward (saved, or stored on ctx)."""
-    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
-    node = o.grad_fn
-    kept = [t for t in node.saved_tensors if t is not None]
-    kept += [t for t in vars(node).values() if isinstance(t, torch.Tensor)]
-    return [tuple(t.shape) for t in kept]
-
-
-def peak_memory_report(*, n=32768, head_dim=128, batch=1, heads=8, kv_heads=8, dtype=torch.bfloat16,
-                       causal=True, window=None, sink_tokens=0, learned_sinks=True, verbose=True):
-    """GPU only: peak memory of forward + backward against the tensors it cannot avoid.
-
-    Those are q, k, v, dO (inputs), o (output) and dq, dk, dv (gradients).  FlashAttention's
-    promise is that nothing else of note is allocated; a budget of 1.2x their size allows
-    for lse, delta and the allocator's rounding, and is three orders of magnitude below the
-    Nq x Nk matrix a plain implementation would keep (n = 32768: 8 GiB per head in bf16).
-    Returns a dict of byte counts.
-    """
-    if not runtime.ON_GPU:
-        raise RuntimeError("peak_memory_report needs a CUDA GPU: the CPU interpreter does not track device memory")
-    g = runtime.manual_seed(0)
-    q = runtime.randn(batch, heads, n, head_dim, dtype=dtype, generator=g).requires_grad_(True)
-    k, v = (runtime.randn(batch, kv_heads, n, head_dim, dtype=dtype, generator=g).requires_grad_(True)
-            for _ in range(2))
-    do = runtime.randn(batch, heads, n, head_dim, dtype=dtype, generator=g)
-    sinks = runtime.randn(heads, generator=g).requires_grad_(True) if learned_sinks else None
-    attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks).backward(do)  # compile
-    q.grad = k.grad = v.grad = None
-    if sinks is not None:
-        sinks.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks)
-    o.backward(do)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated()
-    needed = sum(t.numel() * t.element_size() for t in (q, k, v, do, o, q.grad, k.grad, v.grad))
-    report = dict(peak_bytes=peak, needed_bytes=needed, budget_bytes=int(1.2 * needed),
-                  quadratic_bytes=batch * heads * n * n * torch.finfo(dtype).bits // 8)
-    if verbose:
-        mib = 2 ** 20
-        print(f"B{batch} Hq{heads} Hkv{kv_heads} N{n} D{head_dim} {dtype}: peak {peak / mib:.0f} MiB; "
-              f"q, k, v, dO, o, dq, dk, dv take {needed / mib:.0f} MiB; budget 1.2x = {1.2 * needed / mib:.0f} MiB; "
-              f"one N x N score matrix per head would be {report['quadratic_bytes'] / mib:.0f} MiB")
-    return report
 
 
 # BEGIN SOLUTION stub=
@@ -958,5 +876,6 @@ if __name__ == "__main__":
             ms = do_bench(lambda: attention(q, k, v, **opts).backward(do), grad_to_none=[q, k, v, sinks],
                           return_mode="median")
             print(f"gpt-oss-like shapes (Hq 64, Hkv 8, N 8192, D 64, bf16), {sorted(opts)}: fwd+bwd {ms:.3f} ms")
-        peak_memory_report()
+        from grader import harness
+        harness.peak_memory(attention)
 # END SOLUTION

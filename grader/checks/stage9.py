@@ -3,9 +3,8 @@
 Part 1's ``tiled_attention_backward`` is a plain function: the checks hand it the reference's
 ``o`` and ``lse`` and judge the gradients it returns.  Part 2's kernels are judged through
 ``attention``: your code runs in a worker process and autograd graphs cannot cross processes,
-so the checks call ``attention_backward_check(q, k, v, do, ...)``, which runs ``attention(...)``
-forward and ``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the
-grader's process, the same gradients come from autograd through ``kernels.reference.attention``:
+so the grader's helper ``gradients`` (grader/harness.py) runs ``attention(...)`` forward and
+``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the grader's process, the same gradients come from autograd through ``kernels.reference.attention``:
 in float64 (the answer) and in the input's dtype (how much error PyTorch itself makes, for the
 tolerance rule: gradients may err 3x as much).
 
@@ -42,12 +41,12 @@ def _inputs(ctx, b, hq, hkv, nq, nk, d, *, dtype=DTYPE):
     return q, k, v, ctx.randn(b, hq, nq, d, dtype=dtype)
 
 
-def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, **opts):
+def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="attention", **opts):
     """Run the learner's backward and judge every gradient (and o, when it ran the forward too).
 
     ``tiled=(block_m, block_n)`` calls part 1's ``tiled_attention_backward`` on the float64
-    reference's o and lse (rounded to the inputs' dtype and float32); otherwise ``attention``
-    runs forward and backward.  Returns ``(o or None, dq, dk, dv, dsinks)``.
+    reference's o and lse (rounded to the inputs' dtype and float32); otherwise ``attend``
+    (``attention`` or ``tiled_attention``) runs forward and backward.  Returns ``(o or None, dq, dk, dv, dsinks)``.
     """
     if tiled is not None:
         o, lse = reference.attention(q, k, v, sinks=sinks, **opts)
@@ -57,9 +56,7 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, **opts):
                    f"tiled_attention_backward must return (dq, dk, dv, dsinks); got {type(grads).__name__}")
         got = (None, *grads)
     else:
-        got = ctx.learner.attention_backward_check(q, k, v, do, sinks=sinks, **opts)
-        ctx.expect(isinstance(got, (tuple, list)) and len(got) == 5,
-                   f"attention_backward_check must return (o, dq, dk, dv, dsinks); got {type(got).__name__}")
+        got = getattr(ctx.learner, attend)(q, k, v, do, sinks=sinks, _harness="gradients", **opts)
     ref = _reference_grads(q, k, v, do, sinks=sinks, compute_dtype=torch.float64, **opts)
     base = _reference_grads(q, k, v, do, sinks=sinks, compute_dtype=tolerance.baseline_dtype(q.dtype), **opts)
     o, dq, dk, dv, dsinks = got
@@ -137,6 +134,16 @@ def tiled_backward_masks(ctx):
         label = f"(tiled (16, 32), Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, {opts}{', learned sinks' if learned else ''})"
         got = _grads_close(ctx, q, k, v, do, sinks=sinks, tiled=(16, 32), label=label, **opts)
         _expect_zero_rows(ctx, got[1], q, nk, label=label, nan_cause=TILED_NAN)
+
+
+@check(points=1, hint="tiled_attention is _Attention.apply(..., tiled_attention_backward): its backward returns one "
+                      "gradient per input of forward (None for the options), dsinks in the sinks' place")
+def tiled_attention_autograd(ctx):
+    """Part 1 (PyTorch) under autograd: ``tiled_attention(...).backward(do)`` fills every gradient."""
+    q, k, v, do = _inputs(ctx, 1, 4, 2, 50, 40, 16)
+    label = "(tiled_attention, Hq=4, Hkv=2, Nq=50, Nk=40, causal, window=9, learned sinks)"
+    _grads_close(ctx, q, k, v, do, sinks=_learned_sinks(ctx, 4), attend="tiled_attention", label=label,
+                 causal=True, window=9)
 
 
 # -- Part 2: the backward in Triton, through attention (TODO 9b, 9c, 9d) -------------------------
@@ -241,7 +248,7 @@ def backward_skips_blocks(ctx):
                                     (2, 1, 60, 100, dict(causal=True, window=9, sink_tokens=20)),
                                     (2, 2, 33, 50, {})):
         q, k, v, _ = _inputs(ctx, 1, hq, hkv, nq, nk, 16)
-        got = ctx.learner.backward_visits(q, k, v, **opts)
+        got = ctx.learner.flash_attention_backward(q, k, v, _harness="backward_visits", **opts)
         for kernel in ("dkdv", "dq"):
             bm, bn = got[f"{kernel}_blocks"]
             expected = _tiles_with_visible_pairs(nq, nk, bm, bn, **opts).int()
@@ -268,7 +275,7 @@ def saves_nothing_quadratic(ctx):
     b, hq, hkv, nq, nk, d = 1, 2, 1, 48, 80, 16
     q, k, v, _ = _inputs(ctx, b, hq, hkv, nq, nk, d)
     sinks = ctx.randn(hq)
-    shapes = ctx.learner.saved_for_backward(q, k, v, causal=True, sinks=sinks)
+    shapes = ctx.learner.attention(q, k, v, causal=True, sinks=sinks, _harness="saved_for_backward")
     largest_input = max(t.numel() for t in (q, k, v))
     for shape in shapes:
         numel = 1
@@ -300,8 +307,8 @@ def gpu_half_gradients(ctx):
 def gpu_peak_memory(ctx):
     """Forward + backward at N = 32768, D = 128, B1 H8 in bfloat16 peaks within 1.2x its unavoidable tensors."""
     n, d, b, h = 32768, 128, 1, 8
-    report = ctx.learner.peak_memory_report(n=n, head_dim=d, batch=b, heads=h, kv_heads=h,
-                                            dtype=torch.bfloat16, verbose=False)
+    report = ctx.learner.attention(n=n, head_dim=d, batch=b, heads=h, kv_heads=h, dtype=torch.bfloat16,
+                                   verbose=False, _harness="peak_memory")
     needed = 8 * b * h * n * d * 2                 # q, k, v, dO, o, dq, dk, dv in bfloat16
     peak, mib = report["peak_bytes"], 2 ** 20
     ctx.expect(peak <= 1.2 * needed,

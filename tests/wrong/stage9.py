@@ -24,6 +24,10 @@ MUTANTS = [
     Mutant("tiled_dsinks_sign_flipped", "adds exp(sinks - lse) * delta to dsinks instead of subtracting it",
            edits=[("dsinks -= (torch.exp(sinks4 - lse_i) * delta)", "dsinks += (torch.exp(sinks4 - lse_i) * delta)")],
            caught_by=["tiled_backward_masks"]),
+    Mutant("autograd_drops_dsinks", "the autograd.Function's backward returns None in the sinks' place",
+           edits=[("return dq, dk, dv, None, None, None, dsinks, None, None",
+                   "return dq, dk, dv, None, None, None, None, None, None")],
+           caught_by=["tiled_attention_autograd"]),
     # Part 2: the backward in Triton (TODO 9b, 9c, 9d).
     Mutant("no_gqa_reduction", "the dK/dV program adds only the first query head of its group",
            edits=[("for i in range(0, heads * n_blocks):", "for i in range(0, n_blocks):")],
