@@ -396,8 +396,11 @@ DQ_INTERPRETER_TILE = (64, 32, 4, 1)
 PREPROCESS_BLOCK_M = 128 if runtime.ON_GPU else 64     # delta's query block (its own kernel)
 
 
+# The visibility rule and the block ranges, from each side.  Public: other backward kernels build
+# on them, and must skip exactly the same tiles.
+
 @triton.jit
-def _visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.constexpr):
+def is_visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.constexpr):
     """May query ``q_idx`` see key ``kv_idx``?  Causal, bottom-right aligned (kernels/masks.py).
 
     ``q_idx`` and ``kv_idx`` broadcast against each other, like the mask functions: a column
@@ -412,9 +415,9 @@ def _visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.conste
 
 
 @triton.jit
-def _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
-                     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
+                    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The query rows [lo, hi) that can see some key of the block starting at ``start_n``, and
     within them the blocks [full_lo, full_hi) that see every key of it (no mask needed).
 
@@ -442,9 +445,9 @@ def _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
 
 
 @triton.jit
-def _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
-                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
+                  CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The keys the query block starting at ``start_m`` can see, as in the forward:
     sink-token blocks [0, sink_hi), then the causal (or windowed) range [lo, hi), and within
     it the blocks [full_lo, full_hi) that every row of the block sees whole (no mask needed).
@@ -529,7 +532,7 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
         # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
         # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
         # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
-        # (_visible(rows[None, :], offs_n[:, None], ...)).  Rows past N_Q: load their lse as
+        # (is_visible(rows[None, :], offs_n[:, None], ...)).  Rows past N_Q: load their lse as
         # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
         # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
         # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
@@ -578,8 +581,8 @@ def _bwd_dkdv_kernel(
 
     # The query blocks to visit: masked [lo, full_lo), whole [full_lo, full_hi), masked [full_hi, hi)
     # (with a window: all of [lo, hi) masked, see below).
-    lo, full_lo, full_hi, hi = _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                                BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, hi = query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                               BLOCK_M, BLOCK_N)
     n_key_blocks = tl.num_programs(0)
     h0 = kv_h * GROUP                                         # the first query head that reads this KV head
     q_group = Q + b * stride_qb + h0 * stride_qh + offs_d[None, :] * stride_qd
@@ -631,7 +634,7 @@ def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn
         col_ok = cols < N_K
         # TODO(9d): load the K and V tiles of these keys (zeros outside), rebuild
         # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and, in a MASKED block, zero it where a
-        # key is past N_K or, with CAUSAL, not visible (_visible(rows[:, None], cols[None, :], ...)).
+        # key is past N_K or, with CAUSAL, not visible (is_visible(rows[:, None], cols[None, :], ...)).
         # Then dp = dO @ v^T, ds = p * (dp - delta) and dq += ds @ k.
         pass
         if COUNT_VISITS:
@@ -689,8 +692,8 @@ def _bwd_dq_kernel(
     visits_row = VISITS + pid_hp * tl.num_programs(0) * tl.cdiv(N_K, BLOCK_N) + pid_m * tl.cdiv(N_K, BLOCK_N)
     # The key blocks to visit: the sink tokens [0, sink_hi) and the window's leading edge
     # [lo, full_lo), masked; whole blocks [full_lo, full_hi); the diagonal band [full_hi, hi), masked.
-    sink_hi, lo, full_lo, full_hi, hi = _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                                       ROWS, BLOCK_N)
+    sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                                      ROWS, BLOCK_N)
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
         dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
                         N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
@@ -708,6 +711,21 @@ def _bwd_dq_kernel(
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqn
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=tile_ok)
+
+
+def backward_preprocess(o, do, lse, sinks=None):
+    """The backward's first kernel: ``(delta, dsinks)``, delta = rowsum(dO * O) as (B, Hq, Nq)
+    float32 and the learned sinks' gradient like ``sinks`` (None without)."""
+    B, Hq, Nq, D = o.shape
+    pre_m = PREPROCESS_BLOCK_M
+    delta = torch.empty(B, Hq, Nq, device=o.device, dtype=torch.float32)          # (B, Hq, Nq)
+    dsinks_part = torch.empty(B, Hq, triton.cdiv(Nq, pre_m), device=o.device, dtype=torch.float32)
+    _bwd_preprocess_kernel[(triton.cdiv(Nq, pre_m), B * Hq)](
+        o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
+        *o.stride(), *do.stride(), Hq, Nq, D,
+        BLOCK_M=pre_m, HEAD_DIM_PAD=triton.next_power_of_2(D), HAS_SINKS=sinks is not None)
+    dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
+    return delta, dsinks
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
@@ -743,14 +761,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
                                      interpreter_tile=DQ_INTERPRETER_TILE, counting=return_visits)
 
     # 1. delta = rowsum(dO * O), and the learned sinks' gradient.
-    pre_m = PREPROCESS_BLOCK_M
-    delta = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)          # (B, Hq, Nq)
-    dsinks_part = torch.empty(B, Hq, triton.cdiv(Nq, pre_m), device=q.device, dtype=torch.float32)
-    _bwd_preprocess_kernel[(triton.cdiv(Nq, pre_m), B * Hq)](
-        o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
-        *o.stride(), *do.stride(), Hq, Nq, D,
-        BLOCK_M=pre_m, HEAD_DIM_PAD=head_dim_pad, HAS_SINKS=sinks is not None)
-    dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
+    delta, dsinks = backward_preprocess(o, do, lse, sinks)
 
     visits_dkdv = visits_dq = delta                                   # placeholders, never touched
     if return_visits:
