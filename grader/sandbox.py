@@ -7,7 +7,7 @@ has, and says which one it used:
     bubblewrap  ``bwrap`` (Debian's ``bubblewrap`` package) starts the worker in new mount, PID,
                 network, IPC and UTS namespaces.  Its file system holds only what learner code
                 needs, read-only: the system's programs and libraries, the Python installation,
-                the workbook's ``kernels/`` without the reference, the four grader modules the
+                the workbook's ``kernels/`` without the reference, the grader modules the
                 worker runs, and the submission's own files.  ``/tmp`` and ``/dev/shm`` are
                 private, size-capped and vanish with it.  There is no network but its own
                 loopback, and no other process is visible.  Run by root, it also drops to a
@@ -53,7 +53,7 @@ MECHANISMS = ("bubblewrap", "user", "none")
 UID_BASE = 1_990_000_000          # dedicated uids: far above any real account
 UID_SLOTS = 512
 # The workbook files a worker may read: kernels/ without the reference, and what the worker runs.
-WORKER_MODULES = ("__init__.py", "worker.py", "guard.py", "limits.py", "sandbox.py")
+WORKER_MODULES = ("__init__.py", "worker.py", "guard.py", "limits.py", "sandbox.py", "harness.py")
 ANSWER_KEYS = ("solutions", "tests", "grader/checks", "kernels/reference.py")
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 

@@ -26,12 +26,13 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
 * **Tiles for these loops.**  Without per-element address arithmetic, larger dQ tiles pay at
   D64 (see DQ_TILES).
 * **Fewer choices.**  Head dims must be powers of two from 16 to 256 and the tensors are made
-  contiguous first; no visit counting (stage 9's ``backward_visits`` shows the skipping).
+  contiguous first; no visit counting (``grader.harness.backward_visits`` shows stage 9's skipping).
 
-The preprocess, the block ranges and the visibility rule are stage 9's own
-(``_bwd_preprocess_kernel``, ``_query_blocks_of``, ``_key_blocks_of``, ``_visible``), imported
-from it.  ``flash_attention`` is the TMA forward
-(solutions/fast_forward_tma.py), re-exported so that this file runs forward and backward.
+The preprocess, the block ranges and the visibility rule are stage 9's own, through its public
+names (``backward_preprocess``, ``query_blocks_of``, ``key_blocks_of``, ``is_visible``): the two
+backwards skip the same tiles by construction, and a change to stage 9's rule reaches both.
+``flash_attention`` is the TMA forward (solutions/fast_forward_tma.py), re-exported so that this
+file runs forward and backward.
 ``python -m grader bench stage9`` times the pair as ``solution-tma``.
 """
 
@@ -52,10 +53,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 _HERE = Path(__file__).resolve().parent
 _stage9 = load_file(_HERE / "stage9_backward.py")
 _forward = load_file(_HERE / "fast_forward_tma.py")
-_visible = _stage9._visible
-_query_blocks_of = _stage9._query_blocks_of
-_key_blocks_of = _stage9._key_blocks_of
-_bwd_preprocess_kernel = _stage9._bwd_preprocess_kernel
+is_visible = _stage9.is_visible
+query_blocks_of = _stage9.query_blocks_of
+key_blocks_of = _stage9.key_blocks_of
 flash_attention = _forward.flash_attention
 
 LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
@@ -115,7 +115,7 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, heads, 
         s_t = tl.dot(k, tl.trans(q)) * qk_scale                                     # (BLOCK_N, BLOCK_M)
         if MASKED:
             if (start_m < full_lo) | (start_m >= full_hi):
-                seen = _visible(rows[None, :], offs_n[:, None], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
+                seen = is_visible(rows[None, :], offs_n[:, None], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
                 s_t = tl.where(seen, s_t, float("-inf"))
         p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)
         dv += tl.dot(p_t.to(do.dtype), do)
@@ -147,8 +147,8 @@ def _tma_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                                BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, hi = query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                               BLOCK_M, BLOCK_N)
     bh0 = (kv_bh // H_KV * H_Q) + kv_bh % H_KV * GROUP      # the first query head of the group
     if HAS_WINDOW:                               # both ends masked: one loop, masks only at the ends
         dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
@@ -182,7 +182,7 @@ def _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, lo, hi, N_Q, N_K
             cols = start_n + offs_n
             seen = cols[None, :] < N_K
             if CAUSAL:
-                seen = seen & _visible(pos[:, None], cols[None, :], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
+                seen = seen & is_visible(pos[:, None], cols[None, :], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
             s = tl.where(seen, s, float("-inf"))
         p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
         dp = tl.dot(do, tl.trans(v))
@@ -221,8 +221,8 @@ def _tma_dq_kernel(
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees nothing: p = 0, not NaN
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    sink_hi, lo, full_lo, full_hi, hi = _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                                       ROWS, BLOCK_N)
+    sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                                      ROWS, BLOCK_N)
     if sink_hi > 0:
         dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, 0, sink_hi, N_Q, N_K, WINDOW, SINK_TOKENS,
                       qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
@@ -292,13 +292,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
         _dq_tile_shapes(dict(desc_k=desc_k, desc_v=desc_v, HEAD_DIM_PAD=D, **dq_tile))
 
     # 1. delta = rowsum(dO * O) and the learned sinks' gradient: stage 9's preprocess.
-    pre_m = _stage9.PREPROCESS_BLOCK_M
-    delta = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)
-    dsinks_part = torch.empty(B, Hq, triton.cdiv(Nq, pre_m), device=q.device, dtype=torch.float32)
-    _bwd_preprocess_kernel[(triton.cdiv(Nq, pre_m), B * Hq)](
-        o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part, *o.stride(), *do.stride(), Hq, Nq, D,
-        BLOCK_M=pre_m, HEAD_DIM_PAD=D, HAS_SINKS=sinks is not None)
-    dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
+    delta, dsinks = _stage9.backward_preprocess(o, do, lse, sinks)
 
     # 2. dK and dV: one program per (key block, batch x KV head), over the group's query heads.
     desc_lse, desc_delta = (TensorDescriptor.from_tensor(_stat_rows(x, B * Hq, Nq), [1, 16]) for x in (lse, delta))

@@ -4,6 +4,8 @@ What you will learn
 -------------------
 * Why the backward needs nothing of size N^2: the forward saves ``o`` and ``lse``, and every
   tile of the attention matrix is rebuilt on the fly as ``p = exp(s - lse)``.
+* The backward tile by tile in plain PyTorch first (part 1, ``tiled_attention_backward``):
+  the arithmetic of every kernel below, as two loops you can print and step through.
 * The three kernels of FlashAttention-2's backward and why there are three:
     1. a preprocess that computes ``delta = rowsum(dO * O)`` per query row (and here the
        gradient of the learned sinks, which needs nothing else);
@@ -14,9 +16,11 @@ What you will learn
        blocks exactly as the forward does.
 * The same block skipping as the forward (causal, sliding window, sink tokens), seen from
   both sides: a key block is visited by the query blocks that see it, and by no other.
-* An ``autograd.Function`` that ties the forward and the backward together.
+* An ``autograd.Function`` that ties the forward and either backward together
+  (``tiled_attention`` with part 1's, ``attention`` with part 2's).
 
-The forward is stage 8's, complete and given: only the backward has TODOs (9a, 9b, 9c).
+The forward is stage 8's, complete and given: only the backward has TODOs, first in PyTorch (9a),
+then in Triton (9b, 9c, 9d).
 
 The derivation, for one query head (``S = scale * Q K^T``, ``P = exp(S - lse)``, ``O = P V``)::
 
@@ -43,7 +47,7 @@ import math
 
 import torch
 
-from kernels import runtime, tuning, validate
+from kernels import masks, runtime, tuning, validate
 
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
@@ -253,7 +257,91 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
 
 
 # =============================================================================================
-# The backward pass.
+# Part 1: the backward in PyTorch, one tile at a time (TODO 9a).
+# =============================================================================================
+
+def tiled_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
+                             sm_scale=None, block_m=32, block_n=32):
+    """Gradients ``(dq, dk, dv, dsinks)`` computed tile by tile in PyTorch, from ``o``, ``lse`` and ``do``.
+
+    The same arithmetic as the Triton kernels of part 2, as plain loops: for each block of
+    ``block_m`` query rows, for each block of ``block_n`` keys whose tile holds a visible pair,
+    rebuild that tile of P from lse, and add its share to dq, dk and dv.  Shapes as the
+    forward: dq like q, dk and dv like k and v (float32 arithmetic, returned in the inputs'
+    dtype), dsinks like sinks (None without).  Masks as the forward's (kernels/masks.py).
+    """
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                                      sinks=sinks, sm_scale=sm_scale)
+    if o.shape != q.shape or do.shape != q.shape:
+        raise ValueError(f"o and do must have q's shape {tuple(q.shape)}, got {tuple(o.shape)} and {tuple(do.shape)}")
+    if lse.shape != (B, Hq, Nq):
+        raise ValueError(f"lse must have shape {(B, Hq, Nq)}, got {tuple(lse.shape)}")
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    group = Hq // Hkv
+    visible = masks.attention_mask(Nq, Nk, causal=causal, window=window, sink_tokens=sink_tokens)
+    # A query head's GQA group as a dimension of its own: query head h is (h // group, h % group),
+    # so a (B, Hkv, 1, ...) tile of K or V broadcasts over the heads that read it.
+    q4, o4, do4 = (t.float().unflatten(1, (Hkv, group)) for t in (q, o, do))      # (B, Hkv, G, Nq, D)
+    lse4 = lse.float().unflatten(1, (Hkv, group))                                   # (B, Hkv, G, Nq)
+    k4, v4 = (t.float().unsqueeze(2) for t in (k, v))                               # (B, Hkv, 1, Nk, D)
+    sinks4 = sinks.float().view(1, Hkv, group, 1) if sinks is not None else None
+    dq = torch.zeros_like(q4)
+    dk, dv = torch.zeros_like(k4), torch.zeros_like(v4)
+    dsinks = torch.zeros_like(sinks4) if sinks is not None else None
+
+    for i0 in range(0, Nq, block_m):                                    # one query block
+        rows = torch.arange(i0, min(i0 + block_m, Nq), device=q.device)
+        qi, oi, doi = (t[..., i0:i0 + block_m, :] for t in (q4, o4, do4))  # (B, Hkv, G, bm, D)
+        lse_i = lse4[..., i0:i0 + block_m]                              # (B, Hkv, G, bm)
+        # TODO(9a): the backward of this query block, in float32.
+        # First its rows' delta = rowsum(dO * O) and, with learned sinks, their share of the sink
+        # gradient: dsinks -= exp(sinks - lse) * delta, summed over batch and rows.
+        # Then for each key block [j0, j0 + block_n) whose tile holds a visible pair (test
+        # visible(0, 0, rows[:, None], cols[None, :]); skip the others, as the kernels will):
+        #   p = exp(scale * qi @ kj^T - lse) where visible, 0 elsewhere (torch.where, not a
+        #       product with the mask: a row that sees no key has lse = -inf, exp(s - lse) = inf,
+        #       and inf * 0 is NaN),
+        #   dv += p^T @ dO, dp = dO @ vj^T, ds = p * (dp - delta),
+        #   dq += scale * ds @ kj, dk += scale * ds^T @ qi,
+        # summing dk and dv over the group's heads (dimension 2).
+        raise NotImplementedError("stage9_backward.py: fill in the TODO at line 310")
+    dsinks = dsinks.flatten().to(sinks.dtype) if sinks is not None else None
+    return (dq.flatten(1, 2).to(q.dtype), dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype), dsinks)
+
+
+class _Attention(torch.autograd.Function):
+    """o = attention(q, k, v): the forward saves q, k, v, o, lse (and sinks), nothing N^2, and
+    the backward is the function passed in: ``tiled_attention_backward`` or the kernels of part 2."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, window, sink_tokens, sinks, sm_scale, backward):
+        o, lse = flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                 sinks=sinks, sm_scale=sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
+        ctx.options = dict(causal=causal, window=window, sink_tokens=sink_tokens, sm_scale=sm_scale)
+        ctx.backward_fn = backward
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = ctx.backward_fn(q, k, v, o, lse, do, sinks=sinks, **ctx.options)
+        return dq, dk, dv, None, None, None, dsinks, None, None
+
+
+def tiled_attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
+    """Differentiable attention: the Triton forward, and ``tiled_attention_backward`` for the gradients.
+
+    Slow (Python loops over tiles) but exact: the step before the Triton backward.
+    """
+    return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale, tiled_attention_backward)
+
+
+# =============================================================================================
+# Part 2: the backward in Triton, three kernels (TODO 9b, 9c, 9d).
 # =============================================================================================
 
 # Tile shapes of the two backward kernels, (BLOCK_M, BLOCK_N, num_warps, num_stages), per padded
@@ -308,8 +396,11 @@ DQ_INTERPRETER_TILE = (64, 32, 4, 1)
 PREPROCESS_BLOCK_M = 128 if runtime.ON_GPU else 64     # delta's query block (its own kernel)
 
 
+# The visibility rule and the block ranges, from each side.  Public: other backward kernels build
+# on them, and must skip exactly the same tiles.
+
 @triton.jit
-def _visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.constexpr):
+def is_visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.constexpr):
     """May query ``q_idx`` see key ``kv_idx``?  Causal, bottom-right aligned (kernels/masks.py).
 
     ``q_idx`` and ``kv_idx`` broadcast against each other, like the mask functions: a column
@@ -324,9 +415,9 @@ def _visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.conste
 
 
 @triton.jit
-def _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
-                     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
+                    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The query rows [lo, hi) that can see some key of the block starting at ``start_n``, and
     within them the blocks [full_lo, full_hi) that see every key of it (no mask needed).
 
@@ -354,9 +445,9 @@ def _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
 
 
 @triton.jit
-def _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
-                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
+                  CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The keys the query block starting at ``start_m`` can see, as in the forward:
     sink-token blocks [0, sink_hi), then the causal (or windowed) range [lo, hi), and within
     it the blocks [full_lo, full_hi) that every row of the block sees whole (no mask needed).
@@ -404,7 +495,7 @@ def _bwd_preprocess_kernel(
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     do_ptrs = DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod
 
-    # TODO(9a): load the O and dO tiles (zeros outside), compute delta = rowsum(dO * O) in float32
+    # TODO(9b): load the O and dO tiles (zeros outside), compute delta = rowsum(dO * O) in float32
     # and store it to DELTA[pid_bh * N_Q + row] for the real rows.  With learned sinks, also load
     # the rows' lse (natural log) and this head's sink logit, and store this block's share of the
     # sink gradient, -sum over rows of exp(sink - lse) * delta, to DSINKS_PART[pid_bh, pid_m]
@@ -422,10 +513,8 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
     (the GQA group: q_group, do_group, stats_group and visits_group point at its first head),
     for one key block.
 
-    One loop walks every (head, query block) pair.  A loop per head would pay a pipelined loop's
-    set-up (its first loads, before any overlap) once per head: on an H100 at GQA 32/8, D64,
-    N8192 this kernel took 0.38 ms with a loop per head and 0.33 ms with one loop at window 128,
-    and 1.55 and 1.56 ms at window 1024, where each head's loop is long.
+    One loop walks every (head, query block) pair: a loop per head would pay a pipelined loop's
+    set-up (its first loads, before any overlap) once per head.
 
     MASKED=False is for query blocks whose every row sees every key of the block: no mask is
     built.  MASKED=True hides the keys a row cannot see (causal diagonal, window edge) in the
@@ -440,10 +529,10 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
         stats = stats_group + g * N_Q
         rows = start_m + offs_m
         row_ok = rows < N_Q
-        # TODO(9b): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
+        # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
         # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
         # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
-        # (_visible(rows[None, :], offs_n[:, None], ...)).  Rows past N_Q: load their lse as
+        # (is_visible(rows[None, :], offs_n[:, None], ...)).  Rows past N_Q: load their lse as
         # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
         # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
         # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
@@ -492,8 +581,8 @@ def _bwd_dkdv_kernel(
 
     # The query blocks to visit: masked [lo, full_lo), whole [full_lo, full_hi), masked [full_hi, hi)
     # (with a window: all of [lo, hi) masked, see below).
-    lo, full_lo, full_hi, hi = _query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                                BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, hi = query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                               BLOCK_M, BLOCK_N)
     n_key_blocks = tl.num_programs(0)
     h0 = kv_h * GROUP                                         # the first query head that reads this KV head
     q_group = Q + b * stride_qb + h0 * stride_qh + offs_d[None, :] * stride_qd
@@ -501,10 +590,8 @@ def _bwd_dkdv_kernel(
     stats_group = (b * H_Q + h0) * N_Q                        # its rows in LSE and DELTA; the next heads follow
     visits_group = VISITS + (b * H_Q + h0) * tl.cdiv(N_Q, BLOCK_M) * n_key_blocks + pid_n
     if HAS_WINDOW:
-        # Under a window both ends of the range are masked, and one loop that builds the mask
-        # only in the blocks that need it beats three pipelined loops.  This kernel on an H100
-        # (GQA 32/8, D64, N8192, window 1024): three loops 1.77 ms, one loop masking every block
-        # 1.57 ms, this 1.44 ms (window 128: 0.44, 0.32, 0.33 ms).
+        # Under a window both ends of the range are masked: one loop that builds the mask only
+        # in the blocks that need it (outside [full_lo, full_hi)) instead of three loops.
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, lo, hi, N_Q, N_K, WINDOW,
                               SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, True, HAS_WINDOW,
@@ -545,9 +632,9 @@ def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         col_ok = cols < N_K
-        # TODO(9c): load the K and V tiles of these keys (zeros outside), rebuild
+        # TODO(9d): load the K and V tiles of these keys (zeros outside), rebuild
         # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and, in a MASKED block, zero it where a
-        # key is past N_K or, with CAUSAL, not visible (_visible(rows[:, None], cols[None, :], ...)).
+        # key is past N_K or, with CAUSAL, not visible (is_visible(rows[:, None], cols[None, :], ...)).
         # Then dp = dO @ v^T, ds = p * (dp - delta) and dq += ds @ k.
         pass
         if COUNT_VISITS:
@@ -605,8 +692,8 @@ def _bwd_dq_kernel(
     visits_row = VISITS + pid_hp * tl.num_programs(0) * tl.cdiv(N_K, BLOCK_N) + pid_m * tl.cdiv(N_K, BLOCK_N)
     # The key blocks to visit: the sink tokens [0, sink_hi) and the window's leading edge
     # [lo, full_lo), masked; whole blocks [full_lo, full_hi); the diagonal band [full_hi, hi), masked.
-    sink_hi, lo, full_lo, full_hi, hi = _key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                                       ROWS, BLOCK_N)
+    sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
+                                                      ROWS, BLOCK_N)
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
         dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
                         N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
@@ -626,11 +713,19 @@ def _bwd_dq_kernel(
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=tile_ok)
 
 
-def _backward_blocks(head_dim_pad: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The untimed tiles ((dK/dV BLOCK_M, BLOCK_N), (dQ BLOCK_M, BLOCK_N)): those of short
-    sequences and of ``return_visits`` (the tables' first entries, or the interpreter's)."""
-    return (tuning.first_entry(DKDV_TILES, head_dim_pad, DKDV_INTERPRETER_TILE)[:2],
-            tuning.first_entry(DQ_TILES, head_dim_pad, DQ_INTERPRETER_TILE)[:2])
+def backward_preprocess(o, do, lse, sinks=None):
+    """The backward's first kernel: ``(delta, dsinks)``, delta = rowsum(dO * O) as (B, Hq, Nq)
+    float32 and the learned sinks' gradient like ``sinks`` (None without)."""
+    B, Hq, Nq, D = o.shape
+    pre_m = PREPROCESS_BLOCK_M
+    delta = torch.empty(B, Hq, Nq, device=o.device, dtype=torch.float32)          # (B, Hq, Nq)
+    dsinks_part = torch.empty(B, Hq, triton.cdiv(Nq, pre_m), device=o.device, dtype=torch.float32)
+    _bwd_preprocess_kernel[(triton.cdiv(Nq, pre_m), B * Hq)](
+        o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
+        *o.stride(), *do.stride(), Hq, Nq, D,
+        BLOCK_M=pre_m, HEAD_DIM_PAD=triton.next_power_of_2(D), HAS_SINKS=sinks is not None)
+    dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
+    return delta, dsinks
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
@@ -642,9 +737,10 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     few floats per query block for the sink gradient.
 
     ``return_visits=True`` also returns, for each kernel, how many times it processed each
-    (query block, key block) tile of each (batch, query head): int32 tensors
-    (B, Hq, query blocks, key blocks) in that kernel's own tile shape.  The tests and the
-    notebook's pictures use them to see which blocks are skipped.
+    (query block, key block) tile of each (batch, query head), as a dict: ``"dkdv"`` and
+    ``"dq"`` int32 tensors (B, Hq, query blocks, key blocks), each in its kernel's tile shape
+    ``"dkdv_blocks"`` and ``"dq_blocks"`` (BLOCK_M, BLOCK_N).  The tests and the notebook's
+    pictures use them to see which blocks are skipped.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale,
@@ -665,14 +761,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
                                      interpreter_tile=DQ_INTERPRETER_TILE, counting=return_visits)
 
     # 1. delta = rowsum(dO * O), and the learned sinks' gradient.
-    pre_m = PREPROCESS_BLOCK_M
-    delta = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)          # (B, Hq, Nq)
-    dsinks_part = torch.empty(B, Hq, triton.cdiv(Nq, pre_m), device=q.device, dtype=torch.float32)
-    _bwd_preprocess_kernel[(triton.cdiv(Nq, pre_m), B * Hq)](
-        o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
-        *o.stride(), *do.stride(), Hq, Nq, D,
-        BLOCK_M=pre_m, HEAD_DIM_PAD=head_dim_pad, HAS_SINKS=sinks is not None)
-    dsinks = dsinks_part.sum(dim=(0, 2)).to(sinks.dtype) if sinks is not None else None
+    delta, dsinks = backward_preprocess(o, do, lse, sinks)
 
     visits_dkdv = visits_dq = delta                                   # placeholders, never touched
     if return_visits:
@@ -697,26 +786,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         Hq, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E, PACK=pack, **flags, **dq_tile)
     if return_visits:
-        return dq, dk, dv, dsinks, visits_dkdv, visits_dq
+        return dq, dk, dv, dsinks, {"dkdv": visits_dkdv, "dq": visits_dq,
+                                    "dkdv_blocks": (bm1, bn1), "dq_blocks": (bm2, bn2)}
     return dq, dk, dv, dsinks
-
-
-class _Attention(torch.autograd.Function):
-    """o = attention(q, k, v): the forward saves q, k, v, o, lse (and sinks), nothing N^2."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, window, sink_tokens, sinks, sm_scale):
-        o, lse = flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
-                                 sinks=sinks, sm_scale=sm_scale)
-        ctx.save_for_backward(q, k, v, o, lse, sinks)
-        ctx.options = dict(causal=causal, window=window, sink_tokens=sink_tokens, sm_scale=sm_scale)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, sinks = ctx.saved_tensors
-        dq, dk, dv, dsinks = flash_attention_backward(q, k, v, o, lse, do, sinks=sinks, **ctx.options)
-        return dq, dk, dv, None, None, None, dsinks, None
 
 
 def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
@@ -725,83 +797,6 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); sinks: (Hq,) float32 or None.  Every option of
     the forward (causal, window, sink_tokens, sinks, sm_scale); see kernels/reference.py.
     """
-    return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale)
-
-
-# ---------------------------------------------------------------------------------------------
-# Plain functions for the grader and the notebook.  The grader runs your code in a process of
-# its own, and autograd graphs cannot cross between processes, so it calls these instead.
-# ---------------------------------------------------------------------------------------------
-
-def attention_backward_check(q, k, v, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
-                             sm_scale=None):
-    """Run ``attention`` forward, ``o.backward(do)``; return ``(o, dq, dk, dv, dsinks)``."""
-    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    sinks = sinks.detach().requires_grad_(True) if sinks is not None else None
-    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
-    o.backward(do)
-    return o.detach(), q.grad, k.grad, v.grad, (sinks.grad if sinks is not None else None)
-
-
-def backward_visits(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
-    """Which tiles each backward kernel processes: ``{"dkdv": ..., "dq": ...}`` visit counts
-    (B, Hq, query blocks, key blocks), and each kernel's tile shape ``(BLOCK_M, BLOCK_N)``."""
-    o, lse = flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks,
-                             sm_scale=sm_scale)
-    *_, visits_dkdv, visits_dq = flash_attention_backward(
-        q, k, v, o, lse, torch.ones_like(o), causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks,
-        sm_scale=sm_scale, return_visits=True)
-    dkdv_blocks, dq_blocks, *_ = _backward_blocks(triton.next_power_of_2(q.shape[-1]))
-    return {"dkdv": visits_dkdv, "dq": visits_dq, "dkdv_blocks": dkdv_blocks, "dq_blocks": dq_blocks}
-
-
-def saved_for_backward(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
-    """Shapes of every tensor the forward keeps for the backward (saved, or stored on ctx)."""
-    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
-    node = o.grad_fn
-    kept = [t for t in node.saved_tensors if t is not None]
-    kept += [t for t in vars(node).values() if isinstance(t, torch.Tensor)]
-    return [tuple(t.shape) for t in kept]
-
-
-def peak_memory_report(*, n=32768, head_dim=128, batch=1, heads=8, kv_heads=8, dtype=torch.bfloat16,
-                       causal=True, window=None, sink_tokens=0, learned_sinks=True, verbose=True):
-    """GPU only: peak memory of forward + backward against the tensors it cannot avoid.
-
-    Those are q, k, v, dO (inputs), o (output) and dq, dk, dv (gradients).  FlashAttention's
-    promise is that nothing else of note is allocated; a budget of 1.2x their size allows
-    for lse, delta and the allocator's rounding, and is three orders of magnitude below the
-    Nq x Nk matrix a plain implementation would keep (n = 32768: 8 GiB per head in bf16).
-    Returns a dict of byte counts.
-    """
-    if not runtime.ON_GPU:
-        raise RuntimeError("peak_memory_report needs a CUDA GPU: the CPU interpreter does not track device memory")
-    g = runtime.manual_seed(0)
-    q = runtime.randn(batch, heads, n, head_dim, dtype=dtype, generator=g).requires_grad_(True)
-    k, v = (runtime.randn(batch, kv_heads, n, head_dim, dtype=dtype, generator=g).requires_grad_(True)
-            for _ in range(2))
-    do = runtime.randn(batch, heads, n, head_dim, dtype=dtype, generator=g)
-    sinks = runtime.randn(heads, generator=g).requires_grad_(True) if learned_sinks else None
-    attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks).backward(do)  # compile
-    q.grad = k.grad = v.grad = None
-    if sinks is not None:
-        sinks.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    o = attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks)
-    o.backward(do)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated()
-    needed = sum(t.numel() * t.element_size() for t in (q, k, v, do, o, q.grad, k.grad, v.grad))
-    report = dict(peak_bytes=peak, needed_bytes=needed, budget_bytes=int(1.2 * needed),
-                  quadratic_bytes=batch * heads * n * n * torch.finfo(dtype).bits // 8)
-    if verbose:
-        mib = 2 ** 20
-        print(f"B{batch} Hq{heads} Hkv{kv_heads} N{n} D{head_dim} {dtype}: peak {peak / mib:.0f} MiB; "
-              f"q, k, v, dO, o, dq, dk, dv take {needed / mib:.0f} MiB; budget 1.2x = {1.2 * needed / mib:.0f} MiB; "
-              f"one N x N score matrix per head would be {report['quadratic_bytes'] / mib:.0f} MiB")
-    return report
+    return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale, flash_attention_backward)
 
 

@@ -1,10 +1,11 @@
-"""Checks for stage 9: the backward pass (dQ, dK, dV and d(sinks)) and its autograd.Function.
+"""Checks for stage 9: the backward pass (dQ, dK, dV and d(sinks)), in PyTorch and in Triton.
 
-Your code runs in a worker process and autograd graphs cannot cross processes, so the checks
-call ``attention_backward_check(q, k, v, do, ...)``, which runs ``attention(...)`` forward and
-``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the grader's
-process, the same gradients come from autograd through ``kernels.reference.attention``: in
-float64 (the answer) and in the input's dtype (how much error PyTorch itself makes, for the
+Part 1's ``tiled_attention_backward`` is a plain function: the checks hand it the reference's
+``o`` and ``lse`` and judge the gradients it returns.  Part 2's kernels are judged through
+``attention``: your code runs in a worker process and autograd graphs cannot cross processes,
+so the grader's helper ``gradients`` (grader/harness.py) runs ``attention(...)`` forward and
+``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the grader's process, the same gradients come from autograd through ``kernels.reference.attention``:
+in float64 (the answer) and in the input's dtype (how much error PyTorch itself makes, for the
 tolerance rule: gradients may err 3x as much).
 
 On a GPU, a float32 ``tl.dot`` runs in TF32, an error autograd cannot reproduce; so there the
@@ -40,15 +41,28 @@ def _inputs(ctx, b, hq, hkv, nq, nk, d, *, dtype=DTYPE):
     return q, k, v, ctx.randn(b, hq, nq, d, dtype=dtype)
 
 
-def _grads_close(ctx, q, k, v, do, *, label, sinks=None, **opts):
-    """Run the learner's forward + backward and judge o and every gradient; return them."""
-    got = ctx.learner.attention_backward_check(q, k, v, do, sinks=sinks, **opts)
-    ctx.expect(isinstance(got, (tuple, list)) and len(got) == 5,
-               f"attention_backward_check must return (o, dq, dk, dv, dsinks); got {type(got).__name__}")
+def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="attention", **opts):
+    """Run the learner's backward and judge every gradient (and o, when it ran the forward too).
+
+    ``tiled=(block_m, block_n)`` calls part 1's ``tiled_attention_backward`` on the float64
+    reference's o and lse (rounded to the inputs' dtype and float32); otherwise ``attend``
+    (``attention`` or ``tiled_attention``) runs forward and backward.  Returns ``(o or None, dq, dk, dv, dsinks)``.
+    """
+    if tiled is not None:
+        o, lse = reference.attention(q, k, v, sinks=sinks, **opts)
+        grads = ctx.learner.tiled_attention_backward(q, k, v, o.to(q.dtype), lse.float(), do, sinks=sinks,
+                                                     block_m=tiled[0], block_n=tiled[1], **opts)
+        ctx.expect(isinstance(grads, (tuple, list)) and len(grads) == 4,
+                   f"tiled_attention_backward must return (dq, dk, dv, dsinks); got {type(grads).__name__}")
+        got = (None, *grads)
+    else:
+        got = getattr(ctx.learner, attend)(q, k, v, do, sinks=sinks, _harness="gradients", **opts)
     ref = _reference_grads(q, k, v, do, sinks=sinks, compute_dtype=torch.float64, **opts)
     base = _reference_grads(q, k, v, do, sinks=sinks, compute_dtype=tolerance.baseline_dtype(q.dtype), **opts)
     o, dq, dk, dv, dsinks = got
-    ctx.close(o, ref[0], base[0], name=f"o {label}", dims=Q_DIMS, row_dim=2, block_m=DQ_BLOCK)
+    if o is not None:
+        ctx.close(o, ref[0], base[0], name=f"o {label}", dims=Q_DIMS, row_dim=2, block_m=DQ_BLOCK)
+    block_m = tiled[0] if tiled is not None else DQ_BLOCK
     for name, x, dtype in (("dq", dq, q.dtype), ("dk", dk, k.dtype), ("dv", dv, v.dtype)):
         ctx.expect_dtype(x, dtype, name=f"{name} {label}")
     # One floor for the three gradients, from the largest of them: where a gradient is exactly zero
@@ -57,7 +71,7 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, **opts):
     ctx.close(dv, ref[3], base[3], name=f"dv {label}", factor=3.0, floor=floor, dims=KV_DIMS)
     ctx.close(dk, ref[2], base[2], name=f"dk {label}", factor=3.0, floor=floor, dims=KV_DIMS)
     ctx.close(dq, ref[1], base[1], name=f"dq {label}", factor=3.0, floor=floor, dims=Q_DIMS, row_dim=2,
-              block_m=DQ_BLOCK)
+              block_m=block_m)
     if sinks is None:
         ctx.expect(dsinks is None, f"dsinks {label}: without learned sinks there is no sink gradient; "
                                    f"expected None, got {type(dsinks).__name__}")
@@ -66,6 +80,73 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, **opts):
         ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=3.0, dims=("h",))
     return got
 
+
+KERNEL_NAN = "a row with lse = -inf gives exp2(s - lse) = exp2(-inf + inf) = NaN: treat its lse as +inf"
+TILED_NAN = "a row with lse = -inf has exp(s - lse) = inf, and multiplying by a 0/1 mask gives NaN: use torch.where"
+
+
+def _expect_zero_rows(ctx, dq, q, nk, *, label, nan_cause=KERNEL_NAN):
+    """Rows that see no key (causal, Nq > Nk: the first Nq - Nk) must have dq exactly 0, not NaN."""
+    empty = q.shape[2] - nk
+    if empty <= 0:
+        return
+    rows = dq[:, :, :empty]
+    ctx.expect(not bool(torch.isnan(rows).any()),
+               f"dq {label}: rows 0..{empty - 1} see no key and must get zero gradients; found NaN ({nan_cause})")
+    ctx.expect(bool((rows == 0).all()), f"dq {label}: rows 0..{empty - 1} see no key; expected dq = 0 there, "
+                                        f"got max |dq| = {float(rows.abs().max()):.3g}")
+
+
+def _learned_sinks(ctx, hq):
+    """Per-head sink logits, with one that takes nothing (-30) and one that takes almost all (+30)."""
+    sinks = ctx.randn(hq, scale=2.0)
+    sinks[0], sinks[1] = -30.0, 30.0
+    return sinks
+
+
+# -- Part 1: the backward in PyTorch, tile by tile (TODO 9a) ----------------------------------
+
+@check(points=2, hint="ds = p * (dp - delta) with delta = rowsum(dO * O) of the block's rows; dq += scale * ds @ kj "
+                      "and dk += scale * ds^T @ qi; dk and dv add up the query heads of the GQA group")
+def tiled_backward_gradients(ctx):
+    """Part 1 (PyTorch): MHA, GQA and MQA, Nq != Nk, one query, a custom sm_scale, blocks that do not divide N."""
+    for (b, hq, hkv, nq, nk, d, scale, blocks) in ((2, 2, 2, 40, 40, 32, None, (16, 16)),
+                                                   (1, 4, 2, 37, 50, 16, 0.3, (16, 32)),
+                                                   (1, 4, 1, 1, 33, 16, None, (16, 16))):
+        q, k, v, do = _inputs(ctx, b, hq, hkv, nq, nk, d)
+        _grads_close(ctx, q, k, v, do, sm_scale=scale, tiled=blocks,
+                     label=f"(tiled {blocks}, B={b}, Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, D={d}, sm_scale={scale})")
+    q, k, v, do = (ctx.randn(1, n, 2, 16, dtype=DTYPE).transpose(1, 2) for n in (30, 21, 21, 30))
+    _grads_close(ctx, q, k, v, do, tiled=(16, 16), label="(tiled, non-contiguous q, k, v and dO)")
+
+
+@check(points=2, hint="p is exp(s - lse) where the key is visible and exactly 0 elsewhere (torch.where: in a row "
+                      "with lse = -inf, exp(s - lse) is inf, and inf * 0 is NaN); "
+                      "dsinks[h] = -sum over b, i of exp(sinks[h] - lse[b, h, i]) * delta[b, h, i]")
+def tiled_backward_masks(ctx):
+    """Part 1 (PyTorch): causal with rows that see nothing, a window with sink tokens, learned sinks."""
+    for (b, hq, hkv, nq, nk, opts, learned) in ((1, 2, 2, 64, 20, dict(causal=True), False),
+                                                (1, 4, 2, 70, 70, dict(causal=True, window=9, sink_tokens=3), False),
+                                                (2, 4, 2, 40, 50, {}, True),
+                                                (1, 4, 1, 60, 45, dict(causal=True, window=9, sink_tokens=2), True)):
+        q, k, v, do = _inputs(ctx, b, hq, hkv, nq, nk, 16)
+        sinks = _learned_sinks(ctx, hq) if learned else None
+        label = f"(tiled (16, 32), Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, {opts}{', learned sinks' if learned else ''})"
+        got = _grads_close(ctx, q, k, v, do, sinks=sinks, tiled=(16, 32), label=label, **opts)
+        _expect_zero_rows(ctx, got[1], q, nk, label=label, nan_cause=TILED_NAN)
+
+
+@check(points=1, hint="tiled_attention is _Attention.apply(..., tiled_attention_backward): its backward returns one "
+                      "gradient per input of forward (None for the options), dsinks in the sinks' place")
+def tiled_attention_autograd(ctx):
+    """Part 1 (PyTorch) under autograd: ``tiled_attention(...).backward(do)`` fills every gradient."""
+    q, k, v, do = _inputs(ctx, 1, 4, 2, 50, 40, 16)
+    label = "(tiled_attention, Hq=4, Hkv=2, Nq=50, Nk=40, causal, window=9, learned sinks)"
+    _grads_close(ctx, q, k, v, do, sinks=_learned_sinks(ctx, 4), attend="tiled_attention", label=label,
+                 causal=True, window=9)
+
+
+# -- Part 2: the backward in Triton, through attention (TODO 9b, 9c, 9d) -------------------------
 
 @check(points=2, hint="dS is the gradient of the scaled scores: dq = sm_scale * dS @ K and dk = sm_scale * dS^T @ Q; "
                       "delta = rowsum(dO * O) per query row")
@@ -87,19 +168,6 @@ def gqa_and_mqa_gradients(ctx):
     for (hq, hkv, nq, nk, causal) in ((4, 2, 50, 50, False), (4, 1, 45, 70, True), (6, 2, 40, 40, True)):
         q, k, v, do = _inputs(ctx, 1, hq, hkv, nq, nk, 32)
         _grads_close(ctx, q, k, v, do, causal=causal, label=f"(Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, causal={causal})")
-
-
-def _expect_zero_rows(ctx, dq, q, nk, *, label):
-    """Rows that see no key (causal, Nq > Nk: the first Nq - Nk) must have dq exactly 0, not NaN."""
-    empty = q.shape[2] - nk
-    if empty <= 0:
-        return
-    rows = dq[:, :, :empty]
-    ctx.expect(not bool(torch.isnan(rows).any()),
-               f"dq {label}: rows 0..{empty - 1} see no key and must get zero gradients; found NaN (a row with "
-               "lse = -inf gives exp2(s - lse) = exp2(-inf + inf) = NaN: treat its lse as +inf)")
-    ctx.expect(bool((rows == 0).all()), f"dq {label}: rows 0..{empty - 1} see no key; expected dq = 0 there, "
-                                        f"got max |dq| = {float(rows.abs().max()):.3g}")
 
 
 @check(points=2, hint="the dK/dV kernel starts at the query block holding the diagonal (rounded DOWN to a block) "
@@ -144,8 +212,7 @@ def learned_sink_gradients(ctx):
     for (b, hq, hkv, nq, nk, opts) in ((2, 4, 2, 40, 50, {}),
                                        (1, 4, 1, 60, 45, dict(causal=True, window=9, sink_tokens=2))):
         q, k, v, do = _inputs(ctx, b, hq, hkv, nq, nk, 32)
-        sinks = ctx.randn(hq, scale=2.0)
-        sinks[0], sinks[1] = -30.0, 30.0        # a sink that takes nothing, and one that takes almost all
+        sinks = _learned_sinks(ctx, hq)
         label = f"(sinks={[round(float(x), 2) for x in sinks]}, Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, {opts})"
         got = _grads_close(ctx, q, k, v, do, sinks=sinks, label=label, **opts)
         _expect_zero_rows(ctx, got[1], q, nk, label=label)
@@ -181,7 +248,7 @@ def backward_skips_blocks(ctx):
                                     (2, 1, 60, 100, dict(causal=True, window=9, sink_tokens=20)),
                                     (2, 2, 33, 50, {})):
         q, k, v, _ = _inputs(ctx, 1, hq, hkv, nq, nk, 16)
-        got = ctx.learner.backward_visits(q, k, v, **opts)
+        got = ctx.learner.flash_attention_backward(q, k, v, _harness="backward_visits", **opts)
         for kernel in ("dkdv", "dq"):
             bm, bn = got[f"{kernel}_blocks"]
             expected = _tiles_with_visible_pairs(nq, nk, bm, bn, **opts).int()
@@ -208,7 +275,7 @@ def saves_nothing_quadratic(ctx):
     b, hq, hkv, nq, nk, d = 1, 2, 1, 48, 80, 16
     q, k, v, _ = _inputs(ctx, b, hq, hkv, nq, nk, d)
     sinks = ctx.randn(hq)
-    shapes = ctx.learner.saved_for_backward(q, k, v, causal=True, sinks=sinks)
+    shapes = ctx.learner.attention(q, k, v, causal=True, sinks=sinks, _harness="saved_for_backward")
     largest_input = max(t.numel() for t in (q, k, v))
     for shape in shapes:
         numel = 1
@@ -240,8 +307,8 @@ def gpu_half_gradients(ctx):
 def gpu_peak_memory(ctx):
     """Forward + backward at N = 32768, D = 128, B1 H8 in bfloat16 peaks within 1.2x its unavoidable tensors."""
     n, d, b, h = 32768, 128, 1, 8
-    report = ctx.learner.peak_memory_report(n=n, head_dim=d, batch=b, heads=h, kv_heads=h,
-                                            dtype=torch.bfloat16, verbose=False)
+    report = ctx.learner.attention(n=n, head_dim=d, batch=b, heads=h, kv_heads=h, dtype=torch.bfloat16,
+                                   verbose=False, _harness="peak_memory")
     needed = 8 * b * h * n * d * 2                 # q, k, v, dO, o, dq, dk, dv in bfloat16
     peak, mib = report["peak_bytes"], 2 ** 20
     ctx.expect(peak <= 1.2 * needed,

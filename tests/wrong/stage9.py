@@ -3,6 +3,32 @@
 from grader.mutants import Mutant
 
 MUTANTS = [
+    # Part 1: the backward in PyTorch (TODO 9a).
+    Mutant("tiled_no_delta", "takes dS = P * dP, leaving out the softmax's - delta",
+           edits=[("ds = p * (dp - delta[..., None])", "ds = p * dp")],
+           caught_by=["tiled_backward_gradients"]),
+    Mutant("tiled_dq_unscaled", "forgets sm_scale in dq += scale * dS @ K",
+           edits=[("dq[..., i0:i0 + block_m, :] += scale * ds @ kj", "dq[..., i0:i0 + block_m, :] += ds @ kj")],
+           caught_by=["tiled_backward_gradients"]),
+    Mutant("tiled_dk_first_head_only", "adds only the first query head of the GQA group into dk",
+           edits=[("dk[..., j0:j0 + block_n, :] += scale * (ds.transpose(-1, -2) @ qi).sum(dim=2, keepdim=True)",
+                   "dk[..., j0:j0 + block_n, :] += scale * (ds.transpose(-1, -2) @ qi)[:, :, :1]")],
+           caught_by=["tiled_backward_gradients"]),
+    Mutant("tiled_mask_ignored", "rebuilds P over the whole tile, masked keys included",
+           edits=[("p = torch.where(seen, torch.exp(s - lse_i[..., None]), 0.0)", "p = torch.exp(s - lse_i[..., None])")],
+           caught_by=["tiled_backward_masks"]),
+    Mutant("tiled_mask_as_product", "masks P by multiplying with the mask: inf * 0 = NaN in rows that see no key",
+           edits=[("p = torch.where(seen, torch.exp(s - lse_i[..., None]), 0.0)",
+                   "p = torch.exp(s - lse_i[..., None]) * seen")],
+           caught_by=["tiled_backward_masks"]),
+    Mutant("tiled_dsinks_sign_flipped", "adds exp(sinks - lse) * delta to dsinks instead of subtracting it",
+           edits=[("dsinks -= (torch.exp(sinks4 - lse_i) * delta)", "dsinks += (torch.exp(sinks4 - lse_i) * delta)")],
+           caught_by=["tiled_backward_masks"]),
+    Mutant("autograd_drops_dsinks", "the autograd.Function's backward returns None in the sinks' place",
+           edits=[("return dq, dk, dv, None, None, None, dsinks, None, None",
+                   "return dq, dk, dv, None, None, None, None, None, None")],
+           caught_by=["tiled_attention_autograd"]),
+    # Part 2: the backward in Triton (TODO 9b, 9c, 9d).
     Mutant("no_gqa_reduction", "the dK/dV program adds only the first query head of its group",
            edits=[("for i in range(0, heads * n_blocks):", "for i in range(0, n_blocks):")],
            caught_by=["gqa_and_mqa_gradients"]),
