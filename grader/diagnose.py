@@ -687,11 +687,12 @@ def row_sum(out, x, w, *, allowed: float, block: int | None = None) -> Diagnosis
 
 # -- gradients (stage 9) ---------------------------------------------------------------------------
 def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scale=True, dk_scale=True,
-           group_sum=True, sink_in_lse=True, dsinks_sign=1.0):
+           group_sum=True, sink_in_lse=True, dsinks_sign=1.0, mask_p=True):
     """dq, dk, dv, dsinks of dense float64 attention by the backward's own formulas, with one
     known mistake switched on:
 
-        P = exp(S - lse)          (lse with the sink unless ``sink_in_lse`` is off)
+        P = exp(S - lse)          (lse with the sink unless ``sink_in_lse`` is off; masked keys
+                                   left in P with ``mask_p`` off, the forward's o and lse kept)
         delta = rowsum(dO * O)    dS = P * (dP - delta)      (no "- delta": ``minus_delta`` off)
         dq = scale dS K           dk = scale dS^T Q          dv = P^T dO
         dk, dv summed over each GQA group's query heads (only its first: ``group_sum`` off)
@@ -702,14 +703,15 @@ def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scal
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    s = ((q @ kr.transpose(-1, -2)) * scale).masked_fill(~visible, float("-inf"))
+    raw = (q @ kr.transpose(-1, -2)) * scale
+    s = raw.masked_fill(~visible, float("-inf"))
     keys_lse = torch.logsumexp(s, dim=-1)
     sink = sinks.detach().to(torch.float64).view(1, Hq, 1) if sinks is not None else None
     lse = torch.logaddexp(keys_lse, sink.expand_as(keys_lse)) if sink is not None else keys_lse
     safe = lambda x: torch.where(torch.isinf(x), torch.zeros_like(x), x)      # rows that see nothing
     o = torch.exp(s - safe(lse)[..., None]) @ vr
     used = lse if sink_in_lse else keys_lse
-    p = torch.exp(s - safe(used)[..., None])
+    p = torch.exp((s if mask_p else raw) - safe(used)[..., None])
     dp = do @ vr.transpose(-1, -2)
     delta = (do * o).sum(dim=-1)
     ds = p * (dp - delta[..., None]) if minus_delta else p * dp
@@ -721,6 +723,16 @@ def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scal
     if sink is not None:
         dsinks = -dsinks_sign * (torch.exp(sink - safe(used)) * delta).sum(dim=(0, 2))
     return dq, fold(dk_h), fold(dv_h), dsinks
+
+
+def _sink_takes_all(q, k, scale, vis, sinks, rows) -> bool:
+    """Whether every (b, h, i) in ``rows`` gives its sink at least 99 % of its weight."""
+    qd, kd = q.detach().double(), k.detach().double()
+    s = (qd @ kd.repeat_interleave(q.shape[1] // k.shape[1], dim=1).transpose(-1, -2)) * scale
+    keys = torch.logsumexp(s.masked_fill(~vis, float("-inf")), dim=-1)
+    sink = sinks.detach().double().view(1, -1, 1).expand_as(keys)
+    share = torch.exp(sink - torch.logaddexp(keys, sink))
+    return bool(rows.any()) and bool((share[rows] > 0.99).all())
 
 
 GRADIENT_VARIANTS = {
@@ -735,6 +747,8 @@ GRADIENT_VARIANTS = {
                             "the group"),
     "lse_without_sink": (dict(sink_in_lse=False), "P is rebuilt from an lse that leaves out the sink, as if each "
                          "row's probabilities summed to 1: use the lse the forward saved, sink included"),
+    "mask_ignored": (dict(mask_p=False), "the backward rebuilds P over every key, masked ones included: apply the same "
+                     "mask as the forward (causal, window, sink tokens) before the exp"),
     "dsinks_sign_flipped": (dict(dsinks_sign=-1.0), "d(sinks) has the wrong sign: the sink only adds to each "
                             "row's normalisation, so dsinks = -sum over rows of exp(sink - lse) * delta"),
 }
@@ -763,10 +777,23 @@ def gradients(got: dict, q, k, v, do, opts: dict, *, allowed: dict) -> Diagnosis
     for n in names:
         bad = ~torch.isfinite(got[n].detach().double())
         if bool(bad.any()):
-            if n == "dq" and sinks is None and bool(empty.any()) and bool((bad.any(dim=-1).any(dim=(0, 1)) <= empty).all()):
+            in_empty = n == "dq" and bool(empty.any()) and bool((bad.any(dim=-1).any(dim=(0, 1)) <= empty).all())
+            if in_empty and sinks is not None:
+                return Diagnosis("lse_without_sink", f"NaN in dq for the query rows that see no key "
+                                 f"({_rows(empty)}), whose lse is the sink alone: P is rebuilt from an lse "
+                                 "without the sink, -inf there.  Use the lse the forward saved, sink included")
+            rows = bad.any(dim=-1) if n == "dq" else bad.view(1, -1, 1).expand(B, Hq, Nq) if n == "dsinks" else None
+            if rows is not None and sinks is not None and _sink_takes_all(q, k, scale, vis, sinks, rows):
+                return Diagnosis("lse_without_sink", f"NaN in {n} only where the sink takes nearly all "
+                                 "the weight: an lse without the sink, worked back from the saved one as "
+                                 "lse + log(1 - exp(sink - lse)), is log(0) = -inf there.  Use the lse the "
+                                 "forward saved, sink included: P = exp(s - lse)")
+            if in_empty:
                 return Diagnosis("nan_empty_rows", f"NaN in dq for the query rows that see no key ({_rows(empty)}): "
-                                 "their lse is -inf and exp(s - lse) = exp(-inf - -inf) is NaN.  Rows that see "
-                                 "nothing have P = 0: rebuild P with 0 in place of an lse that is -inf")
+                                 "their lse is -inf, so exp(s - lse) is exp(-inf + inf) = NaN, or inf where s was "
+                                 "not masked.  Those rows must get P = 0: mask s with -inf before the exp "
+                                 "(torch.where, never a product with the mask) and use 0 in place of an lse "
+                                 "that is -inf")
             return Diagnosis("nan", f"NaN or inf in {n}: look for exp(-inf - -inf), 0 / 0, or gradient elements "
                              "that are never stored")
     base = dict(zip(("dq", "dk", "dv", "dsinks"), _grads(q, k, v, do, scale=scale, visible=vis, sinks=sinks)))
@@ -788,18 +815,22 @@ def gradients(got: dict, q, k, v, do, opts: dict, *, allowed: dict) -> Diagnosis
             continue
         if cause == "gqa_first_head_only" and q.shape[1] == k.shape[1]:
             continue
+        if cause == "mask_ignored" and bool(vis.all()):
+            continue
         if switch is None:
             var = dict(base, dsinks=torch.zeros_like(base["dsinks"]))
+
         else:
             var = dict(zip(("dq", "dk", "dv", "dsinks"),
                            _grads(q, k, v, do, scale=scale, visible=vis, sinks=sinks, **switch)))
-        if not any(gap(var[n], base[n]) > 2 * _FIT * tol[n] for n in wrong):
-            continue                                  # the variant is the right answer here
-        fit = max(gap(got[n], var[n]) / tol[n] for n in names)
+        # Every wrong gradient must be the variant's (where the variant differs from the answer),
+        # and every gradient the right answer or the variant's: a mistake may touch dk and not dv.
+        if not all(gap(var[n], base[n]) > 2 * _FIT * tol[n] and gap(got[n], var[n]) <= _FIT * tol[n] for n in wrong):
+            continue
+        fit = max(min(gap(got[n], var[n]), gap(got[n], base[n])) / tol[n] for n in names)
         if fit <= _FIT:
             fitting.append((fit, cause, message))
     if not fitting:
         return None
     fit, cause, message = min(fitting)
-    where = ", ".join(wrong)
-    return Diagnosis(cause, f"{message} (wrong: {where})")
+    return Diagnosis(cause, f"{message} (wrong: {', '.join(wrong)})")

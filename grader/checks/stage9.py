@@ -68,16 +68,29 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
     # One floor for the three gradients, from the largest of them: where a gradient is exactly zero
     # in exact arithmetic (dk with a window of 1: each p is exactly 1), float32 rounding is all that is left.
     floor = 4 * torch.finfo(torch.float32).eps * (1.0 + max(float(g.abs().max()) for g in ref[1:4]))
-    ctx.close(dv, ref[3], base[3], name=f"dv {label}", factor=3.0, floor=floor, dims=KV_DIMS)
-    ctx.close(dk, ref[2], base[2], name=f"dk {label}", factor=3.0, floor=floor, dims=KV_DIMS)
-    ctx.close(dq, ref[1], base[1], name=f"dq {label}", factor=3.0, floor=floor, dims=Q_DIMS, row_dim=2,
-              block_m=block_m)
     if sinks is None:
         ctx.expect(dsinks is None, f"dsinks {label}: without learned sinks there is no sink gradient; "
                                    f"expected None, got {type(dsinks).__name__}")
     else:
         ctx.expect_dtype(dsinks, sinks.dtype, name=f"dsinks {label}")
-        ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=3.0, dims=("h",))
+    judged = {"dq": (dq, 1, floor), "dk": (dk, 2, floor), "dv": (dv, 3, floor)}
+    if sinks is not None:
+        judged["dsinks"] = (dsinks, 4, None)
+
+    def explain(_allowed):
+        """The likely mistake, from all the gradients at once (grader.diagnose.gradients)."""
+        from grader import diagnose
+        allowed = {n: tolerance.compare(x, ref[i], base[i], name=n, factor=3.0, floor=fl).allowed
+                   for n, (x, i, fl) in judged.items()}
+        return diagnose.gradients({n: x for n, (x, _, _) in judged.items()}, q, k, v, do,
+                                  dict(opts, sinks=sinks), allowed=allowed)
+
+    ctx.close(dv, ref[3], base[3], name=f"dv {label}", factor=3.0, floor=floor, dims=KV_DIMS, explain=explain)
+    ctx.close(dk, ref[2], base[2], name=f"dk {label}", factor=3.0, floor=floor, dims=KV_DIMS, explain=explain)
+    ctx.close(dq, ref[1], base[1], name=f"dq {label}", factor=3.0, floor=floor, dims=Q_DIMS, row_dim=2,
+              block_m=block_m, explain=explain)
+    if sinks is not None:
+        ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=3.0, dims=("h",), explain=explain)
     return got
 
 
