@@ -532,22 +532,16 @@ def _reference(case: Case, x: Inputs) -> dict:
     if not case.backward:
         ref, _ = reference.attention(q, k, v, sinks=sinks, **case.mask)
         base, _ = reference.attention(q, k, v, sinks=sinks, compute_dtype=base_dtype, **case.mask)
-        return {"o": (ref, base, Q_DIMS, 2.0, None)}
+        return {"o": (ref, base, Q_DIMS, tolerance.OUTPUT_FACTOR, None)}
 
-    def grads(compute_dtype):
-        leaf = torch.float64 if compute_dtype == torch.float64 else q.dtype
-        leaves = [t.detach().to(leaf).requires_grad_(True) for t in (q, k, v)]
-        o, _ = reference.attention(*leaves, sinks=sinks, compute_dtype=compute_dtype, **case.mask)
-        dq, dk, dv = torch.autograd.grad(o, leaves, x.do[:1, :n_q].to(o.dtype))
-        return o.detach(), dq, dk, dv
-
-    ref, base = grads(torch.float64), grads(base_dtype)
-    # One floor for the three gradients, from the largest (as the grader's stage 9 checks).
-    floor = 4 * torch.finfo(torch.float32).eps * (1.0 + max(float(g.abs().max()) for g in ref[1:]))
-    return {"o": (ref[0], base[0], Q_DIMS, 2.0, None),
-            "dq": (ref[1], base[1], Q_DIMS, 3.0, floor),
-            "dk": (ref[2], base[2], KV_DIMS, 3.0, floor),
-            "dv": (ref[3], base[3], KV_DIMS, 3.0, floor)}
+    do = x.do[:1, :n_q]
+    ref = reference.attention_grads(q, k, v, do, sinks=sinks, **case.mask)
+    base = reference.attention_grads(q, k, v, do, sinks=sinks, compute_dtype=base_dtype, **case.mask)
+    floor, factor = tolerance.gradient_floor(*ref[1:4]), tolerance.GRADIENT_FACTOR
+    return {"o": (ref[0], base[0], Q_DIMS, tolerance.OUTPUT_FACTOR, None),
+            "dq": (ref[1], base[1], Q_DIMS, factor, floor),
+            "dk": (ref[2], base[2], KV_DIMS, factor, floor),
+            "dv": (ref[3], base[3], KV_DIMS, factor, floor)}
 
 
 def _verify(outputs: dict, refs: dict, case: Case) -> str | None:

@@ -159,7 +159,7 @@ class Ctx:
         if not condition:
             raise CheckFailed(message)
 
-    def close(self, out, ref, baseline, *, name: str, factor: float = 2.0, floor: float | None = None,
+    def close(self, out, ref, baseline, *, name: str, factor: float = tolerance.OUTPUT_FACTOR, floor: float | None = None,
               dims=None, row_dim=None, block_m=None, explain=None) -> None:
         """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance).
 
