@@ -58,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "update":
         return _update(argv[1:])
     if argv[:2] == ["bench", "report"]:
-        from grader import bench_report
+        from grader.bench import report as bench_report
         return bench_report.main(argv[2:])
     if argv and argv[0] == "bench":
         from grader import bench
         return bench.main(argv[1:])
     if argv and argv[0] == "sweep":
-        from grader import sweep
+        from grader.testing import sweep
         return sweep.main(argv[1:])
     if argv and argv[0] == "doctor":
         from grader import doctor
@@ -149,14 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         if table:
             print_result(stage, result)
         if args.compare:
-            from grader.compare import compare
+            from grader.publishing.compare import compare
             from kernels.loader import source_dir
             print("\n" + compare(stage, result, source_dir(source)), flush=True)
         graded.append((stage, result))
     ok = all(result.ok for _, result in graded)
     if not table:
         from grader import formats
-        from grader import edition
+        from grader.publishing import edition
         notes = [f"Graded by {edition.describe()}."] + edition.version_notes(args.submission)
         data = formats.gradescope(graded, notes) if args.format == "gradescope" else formats.detail(graded)
         text = json.dumps(data, indent=1) + "\n"
@@ -228,7 +228,7 @@ def _release(argv: list[str]) -> int:
     parser.add_argument("--through", metavar="STAGE", help="with --to: ship stages 1..STAGE only (stage N+1's file "
                                                            "holds stage N's answers as given code)")
     args = parser.parse_args(argv)
-    from grader import release
+    from grader.publishing import release
     if (args.autograder or args.through) and not args.to:
         parser.error("--autograder and --through go with --to DIR")
     if not (release.ROOT / "solutions").is_dir():
@@ -236,7 +236,7 @@ def _release(argv: list[str]) -> int:
               "and there is nothing to release")
         return 0
     if args.to:
-        from grader import bundle
+        from grader.publishing import bundle
         try:
             bundle.build(args.to, autograder=args.autograder.split(",") if args.autograder else None,
                          through=args.through)
@@ -263,7 +263,7 @@ def _publish(argv: list[str]) -> int:
     parser.add_argument("stages", help="the stages to publish: stage2 or stage2,stage3")
     parser.add_argument("--to", metavar="DIR", required=True, help="the learner's edition (made by release --to)")
     args = parser.parse_args(argv)
-    from grader import publish
+    from grader.publishing import publish
     try:
         publish.publish(args.to, args.stages.split(","))
     except (publish.PublishError, ValueError) as exc:
@@ -281,7 +281,7 @@ def _update(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from pathlib import Path
 
-    from grader import edition
+    from grader.publishing import edition
     from kernels.loader import ROOT
     new = edition.read(Path(args.source))
     if new is None:

@@ -27,7 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import files, holes, locate, release, sandbox, stages
+from grader import files, holes, locate, sandbox, stages
+from grader.publishing import release
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.limits import Limits
 from grader.stages import Stage

@@ -13,7 +13,8 @@ import json
 import sys
 import time
 
-from grader import edition, release, stages
+from grader import stages
+from grader.publishing import edition, release
 from grader.grade import StageResult, format_result, grade_stage, score_line
 from kernels import loader, runtime
 

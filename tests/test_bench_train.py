@@ -1,4 +1,4 @@
-"""``python -m grader bench train`` (grader/bench_train.py): what runs without a GPU.
+"""``python -m grader bench train`` (grader/bench/train.py): what runs without a GPU.
 
 The timings themselves need a GPU; here: the command line refuses what it cannot do, the batches
 are the same for every provider, the model trains on the CPU with SDPA, the loss-curve check
@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from grader import bench, bench_train
+from grader.bench import measure as bench
+from grader.bench import train as bench_train
 from kernels import runtime
 
 

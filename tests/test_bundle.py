@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from grader import bundle, edition, formats, mutants, release, stages
+from grader import formats, stages
+from grader.publishing import bundle, edition, release
+from grader.testing import mutants
 from grader.grade import format_result, grade_stage
 from kernels.loader import ROOT
 

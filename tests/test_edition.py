@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from grader import bundle, compare, edition, publish, release, stages
+from grader import stages
+from grader.publishing import bundle, compare, edition, publish, release
 from grader.grade import CheckResult, StageResult
 from kernels.loader import ROOT
 

@@ -7,7 +7,7 @@ bfloat16 and long sequences, where the autotuner picks the tile.
 import pytest
 import torch
 
-from grader import bench
+from grader.bench import measure as bench
 from kernels import reference, runtime, tolerance
 from kernels.loader import ROOT, load_file
 

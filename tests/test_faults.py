@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from grader import mutants, sanitize, stages
+from grader import sanitize, stages
+from grader.testing import mutants
 from grader.grade import grade_stage
 from grader.limits import Limits
 from kernels.loader import ROOT

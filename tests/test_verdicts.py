@@ -2,7 +2,8 @@
 
 import re
 
-from grader import holes, release, stages
+from grader import holes, stages
+from grader.publishing import release
 from grader.grade import format_result, grade_stage
 from kernels.loader import ROOT
 
@@ -201,7 +202,8 @@ def test_notebooks_get_the_graders_diagnosis(tmp_path):
 
     import torch
 
-    from grader import diagnose, mutants
+    from grader import diagnose
+    from grader.testing import mutants
     from kernels import loader
     stage = stages.find("stage5")
     spec = importlib.util.spec_from_file_location("wrong5", ROOT / "tests" / "wrong" / "stage5.py")

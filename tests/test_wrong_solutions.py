@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grader import mutants, stages
+from grader import stages
+from grader.testing import mutants
 from grader.grade import grade_stage
 from kernels import runtime
 

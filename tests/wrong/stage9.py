@@ -1,6 +1,6 @@
 """Wrong stage 9 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("no_gqa_reduction", "the dK/dV program adds only the first query head of its group",

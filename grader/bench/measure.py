@@ -881,8 +881,8 @@ def _stages(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:                      # a training step, not a stage (grader/bench_train.py)
-        from grader import bench_train
+    if argv[:1] == ["train"]:                      # a training step, not a stage (grader/bench/train.py)
+        from grader.bench import train as bench_train
         return bench_train.main(argv[1:])
     try:
         args = parser().parse_args(argv)

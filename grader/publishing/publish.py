@@ -1,6 +1,6 @@
 """``python -m grader publish stage2[,stage3] --to DIR``: reference solutions, stage by stage.
 
-Publishing a stage adds to a learner's edition (grader/bundle.py) what a learner needs to learn
+Publishing a stage adds to a learner's edition (grader/publishing/bundle.py) what a learner needs to learn
 from the reference once the stage is due:
 
     published/<stage file>           the solution, its markers removed (and the .cu, for stage 4)
@@ -22,7 +22,8 @@ import json
 import re
 from pathlib import Path
 
-from grader import edition, release, stages
+from grader import stages
+from grader.publishing import edition, release
 from kernels.loader import ROOT
 
 FOLDER = "published"
