@@ -7,7 +7,8 @@ bfloat16 and long sequences, where the autotuner picks the tile.
 import pytest
 import torch
 
-from grader.bench import measure as bench
+from grader.bench import measure
+from grader.bench.cases import PROVIDERS, Case
 from kernels import reference, runtime, tolerance
 from kernels.loader import ROOT, load_file
 
@@ -102,20 +103,20 @@ def test_bad_input_names_the_argument(fast, kwargs, error, words):
 
 
 def test_the_bench_times_it_beside_the_solution_and_says_where_it_cannot_go():
-    forward = bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, dtype=torch.float32)
-    cases = [forward, bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, backward=True,
+    forward = Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, dtype=torch.float32)
+    cases = [forward, Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, backward=True,
                                  dtype=torch.float32),
-             bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sink_tokens=2, sinks=True,
+             Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sink_tokens=2, sinks=True,
                         dtype=torch.float32),
-             bench.Case(1, 2, 40, 40, 24, dtype=torch.float32)]
+             Case(1, 2, 40, 40, 24, dtype=torch.float32)]
     for stage in ("stage5", "stage6", "stage7", "stage8", "stage9"):
-        assert "solution-tma" in bench.PROVIDERS[stage]
-    rows = bench.run("stage8", cases=cases, providers=["solution-tma"], device=DEVICE, timer=lambda fn: 1.0,
-                     memory=lambda make: None, log=lambda *a, **k: None)
+        assert "solution-tma" in PROVIDERS[stage]
+    rows = measure.run("stage8", cases=cases, providers=["solution-tma"], device=DEVICE, timer=lambda fn: 1.0,
+                       memory=lambda make: None, log=lambda *a, **k: None)
     assert [r["note"] for r in rows] == ["", "", "", "n/a: the TMA variant takes head dims that are powers of two"]
     assert rows[0]["ms"] == rows[1]["ms"] == rows[2]["ms"] == 1.0   # checked against the reference, then timed
-    learner = bench.run("stage7", source="stages", cases=cases[:1], providers=["solution-tma"], device=DEVICE,
-                        timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
+    learner = measure.run("stage7", source="stages", cases=cases[:1], providers=["solution-tma"], device=DEVICE,
+                          timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
     assert learner[0]["note"] == "n/a: the TMA variant is an instructor's file, solutions/fast_forward_tma.py"
 
 
