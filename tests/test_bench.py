@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from grader import stages
+from grader.__main__ import _parse
+from grader.__main__ import main as cli
 from grader.bench import cases, chart, measure, providers, tables, verify
 from grader.bench.cases import Case
 from kernels import masks, reference, runtime
@@ -281,22 +283,23 @@ def test_plot_writes_a_png_with_a_panel_per_stage(tmp_path):
 
 
 def test_command_line_arguments(capsys):
-    p = measure.parser()
-    assert p.parse_args(["stage5", "--learner"]).learner
-    assert p.parse_args(["all", "--solutions"]).solutions          # the old flag, now the default
-    assert "--solutions" not in p.format_help() and "--learner" in p.format_help()
+    assert _parse(["bench", "stage5", "--learner"]).learner
+    assert _parse(["bench", "all", "--solutions"]).solutions          # the old flag, now the default
+    assert cli(["bench", "stage5", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--solutions" not in text and "--learner" in text
     assert measure._stages("all") == list(cases.CASES)
     assert measure._stages("5,stage7") == ["stage5", "stage7"]
 
-    assert measure.main(["stage99"]) == 2
+    assert cli(["bench", "stage99"]) == 2
     err = capsys.readouterr().err
     assert "stage99" in err and all(stage in err for stage in cases.CASES) and "all" in err
-    assert measure.main(["stage5", "--providers", "solution,nope"]) == 2
+    assert cli(["bench", "stage5", "--providers", "solution,nope"]) == 2
     err = capsys.readouterr().err
     assert "--providers" in err and "'nope'" in err and "flex" in err
-    assert measure.main(["stage5", "--rep", "0"]) == 2
+    assert cli(["bench", "stage5", "--rep", "0"]) == 2
     assert "--rep" in capsys.readouterr().err
-    assert measure.main(["stage5", "--learner", "--solutions"]) == 2
+    assert cli(["bench", "stage5", "--learner", "--solutions"]) == 2
     assert "--learner" in capsys.readouterr().err
 
 
@@ -304,7 +307,7 @@ def test_command_line_arguments(capsys):
 @pytest.mark.parametrize("argv", [["stage5"], ["all", "--learner", "--json", "x.json"]])
 def test_without_a_gpu_bench_says_why_and_returns_2(argv, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert measure.main(argv) == 2
+    assert cli(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert "GPU" in err and "python -m grader bench" in err
     assert not (tmp_path / "x.json").exists()

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from grader.bench import measure
+from grader.__main__ import main as cli
 from grader.bench import train as bench_train
 from kernels import runtime
 
@@ -21,13 +21,13 @@ from kernels import runtime
     (["--steps", "0"], "--steps and --warmup must be at least 1"),
 ])
 def test_bad_arguments(capsys, argv, words):
-    assert measure.main(["train", *argv]) == 2
+    assert cli(["bench", "train", *argv]) == 2
     assert words in capsys.readouterr().err
 
 
 @pytest.mark.skipif(runtime.ON_GPU, reason="checks the message given where no GPU is visible")
 def test_no_gpu_message(capsys):
-    assert measure.main(["train"]) == 2
+    assert cli(["bench", "train"]) == 2
     assert "times training steps on a CUDA GPU" in capsys.readouterr().err
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from grader import stages
-from grader.publishing import bundle, compare, edition, publish, release
 from grader.grade import CheckResult, StageResult
+from grader.publishing import bundle, compare, edition, publish, release
 from kernels.loader import ROOT
 
 quiet = lambda *_: None  # noqa: E731

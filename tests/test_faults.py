@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from grader import sanitize, stages
-from grader.testing import mutants
 from grader.grade import grade_stage
 from grader.limits import Limits
+from grader.testing import mutants
 from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")

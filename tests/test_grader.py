@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from grader import stages
-from grader.publishing import release
 from grader.grade import grade_stage
+from grader.publishing import release
 from grader.testing.mutants import copy_solution
 from kernels.loader import ROOT
 

@@ -3,8 +3,8 @@
 import re
 
 from grader import holes, stages
-from grader.publishing import release
 from grader.grade import format_result, grade_stage
+from grader.publishing import release
 from kernels.loader import ROOT
 
 STAGE1, STAGE3 = stages.find("stage1"), stages.find("stage3")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from grader import stages
-from grader.testing import mutants
 from grader.grade import grade_stage
+from grader.testing import mutants
 from kernels import runtime
 
 WRONG = Path(__file__).parent / "wrong"

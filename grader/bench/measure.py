@@ -61,7 +61,6 @@ like its inputs, linearly in N, where materialising the N x N scores would grow 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import sys
 import time
@@ -72,8 +71,8 @@ from kernels import runtime  # noqa: F401  (before triton: decides TRITON_INTERP
 
 import torch
 
+from grader.bench import chart
 from grader.bench.cases import CASES, DEFAULT_PROVIDERS, PROVIDER_NAMES, PROVIDERS, Case, Inputs, make_inputs
-from grader.bench.chart import plot
 from grader.bench.providers import NotApplicable, Provider, provider
 from grader.bench.tables import format_row, table, write_json
 from grader.bench.verify import references, verify
@@ -223,30 +222,6 @@ def run(stage: str, *, source: str = "solutions", providers: list | None = None,
     return rows
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of milliseconds, got {text}")
-    return value
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m grader bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("stage", help=f"what to benchmark: {', '.join(CASES)}, several (stage5,stage7), or all")
-    who = p.add_mutually_exclusive_group()
-    who.add_argument("--learner", action="store_true",
-                     help="time your stages/ files instead of the reference solutions/")
-    who.add_argument("--solutions", action="store_true", help=argparse.SUPPRESS)   # the default; kept for old commands
-    p.add_argument("--providers", metavar="A,B",
-                   help=f"comma-separated providers (default: the stage's list); of {', '.join(PROVIDER_NAMES)}")
-    p.add_argument("--json", metavar="PATH", help="write the rows {stage, case, provider, ms, tflops, peak_mib, input_mib, note} here")
-    p.add_argument("--plot", metavar="PATH", help="save a bar chart (PNG) of TFLOP/s per case and provider here")
-    p.add_argument("--rep", metavar="MS", type=_positive_int, default=REP_MS,
-                   help=f"milliseconds of timed runs per measurement (default {REP_MS})")
-    return p
-
-
 def _stages(text: str) -> list[str]:
     """'all', 'stage5', '5' or 'stage5,stage7' as stage names; ValueError naming those that exist."""
     if text.strip().lower() == "all":
@@ -262,23 +237,21 @@ def _stages(text: str) -> list[str]:
     return names
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:                      # a training step, not a stage (grader/bench/train.py)
-        from grader.bench import train as bench_train
-        return bench_train.main(argv[1:])
+def main(stage_names: str, *, learner: bool = False, providers: str | None = None,
+         json_path: str | None = None, plot_path: str | None = None, rep: int | None = None) -> int:
+    """``python -m grader bench STAGES``: check and time ``stage_names`` (``stage5``, ``stage5,stage7`` or
+    ``all``) on a GPU, the solutions or the ``learner``'s files, with these ``providers`` (``a,b``), and
+    print the table; ``json_path`` and ``plot_path`` are where to write the rows and the chart; ``rep`` the
+    milliseconds of timed runs per measurement (default ``REP_MS``)."""
+    rep = rep or REP_MS
     try:
-        args = parser().parse_args(argv)
-    except SystemExit as exc:                      # argparse has printed the usage and the error (or --help)
-        return int(exc.code or 0)
-    try:
-        stages = _stages(args.stage)
+        stages = _stages(stage_names)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()] if args.providers else None
-    unknown = [p for p in providers or [] if p not in PROVIDER_NAMES]
-    if providers is not None and (unknown or not providers):
+    chosen = [p.strip() for p in providers.split(",") if p.strip()] if providers else None
+    unknown = [p for p in chosen or [] if p not in PROVIDER_NAMES]
+    if chosen is not None and (unknown or not chosen):
         print(f"argument --providers: unknown provider {', '.join(map(repr, unknown)) or '(none given)'}; "
               f"the providers are: {', '.join(PROVIDER_NAMES)}", file=sys.stderr)
         return 2
@@ -287,29 +260,26 @@ def main(argv: list[str] | None = None) -> int:
               f"({runtime.describe()}); run it on a machine with an NVIDIA GPU.", file=sys.stderr)
         return 2
     from kernels.loader import ROOT
-    source = "stages" if args.learner else "solutions"
+    source = "stages" if learner else "solutions"
     if source == "solutions" and not (ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/: timing your stages/ files (--learner)")
         source = "stages"
     print(f"benchmarking {', '.join(stages)} ({source}/) on {runtime.describe()}; bfloat16, do_bench median of "
-          f"{args.rep} ms after {WARMUP_MS} ms of warm-up", flush=True)
+          f"{rep} ms after {WARMUP_MS} ms of warm-up", flush=True)
     rows, start = [], time.perf_counter()
     for stage in stages:
         began = time.perf_counter()
         print(f"{stage}:", flush=True)
-        rows += run(stage, source=source, providers=providers, rep=args.rep)
+        rows += run(stage, source=source, providers=chosen, rep=rep)
         print(f"  ({time.perf_counter() - began:.0f} s)", flush=True)
     print()
     print(table(rows))
     print(f"\n{len(rows)} rows in {time.perf_counter() - start:.0f} s")
-    if args.json:
-        write_json(rows, args.json)
-        print(f"wrote {args.json}")
-    if args.plot:
-        plot(rows, args.plot, title=f"{runtime.describe()}, bfloat16 ({source}/)")
-        print(f"wrote {args.plot}")
+    if json_path:
+        write_json(rows, json_path)
+        print(f"wrote {json_path}")
+    if plot_path:
+        chart.plot(rows, plot_path, title=f"{runtime.describe()}, bfloat16 ({source}/)")
+        print(f"wrote {plot_path}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from grader import stages
-from grader.publishing import release
 from grader.check import session_seed
 from grader.grade import _snapshot, run_check
+from grader.publishing import release
 from grader.worker import ImportFailed, Runner
 from kernels import loader
 
