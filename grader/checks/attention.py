@@ -71,9 +71,9 @@ def references(q, k, v, *, device=None, baseline=None, **opts):
 def reports(o, lse, refs, *, what: str, block_m=None) -> tuple[tolerance.Report, tolerance.Report]:
     """The tolerance's reports on ``o`` (with the attention floor) and ``lse``; messages name the query block."""
     o_ref, lse_ref, o_pt, lse_pt = refs
-    rep_o = tolerance.compare(o, o_ref, o_pt, name=f"o {what}", dims=Q_DIMS, row_dim=2, block_m=block_m,
+    rep_o = tolerance.compare(o, o_ref, o_pt, name=f"o {what}".rstrip(), dims=Q_DIMS, row_dim=2, block_m=block_m,
                               floor=tolerance.attention_floor(o_ref, lse_ref))
-    rep_l = tolerance.compare(lse, lse_ref, lse_pt, name=f"lse {what}", dims=Q_DIMS[:3], row_dim=2,
+    rep_l = tolerance.compare(lse, lse_ref, lse_pt, name=f"lse {what}".rstrip(), dims=Q_DIMS[:3], row_dim=2,
                               block_m=block_m)
     return rep_o, rep_l
 
