@@ -182,11 +182,11 @@ def parser() -> argparse.ArgumentParser:
 def _add_bench(sub) -> None:
     """``bench STAGES``, ``bench report FILE`` and ``bench train``: timing runs on a GPU."""
     bench = sub.add_parser("bench", help="time kernels against PyTorch SDPA and FlexAttention (GPU)",
-                           describe=_doc("grader.bench"))
+                           describe=_doc("grader.bench.measure"))
     kinds = bench.add_subparsers(title="what to time", metavar="{STAGES,report,train}", required=True)
     # `bench stage5` is `bench time stage5`: see _canonical.
     p = kinds.add_parser("time", help="STAGES: stage5, stage5,stage7 or all (the default command)",
-                         describe=_doc("grader.bench"))
+                         describe=_doc("grader.bench.measure"))
     p.add_argument("stages", metavar="stage", help="what to benchmark: stage3 ... stage9, several (stage5,stage7), "
                                                    "or all")
     who = p.add_mutually_exclusive_group()
