@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from grader.check import CheckFailed
+from grader.worker import describe_value
 from kernels import masks, reference, tolerance
 
 MASK_OPTIONS = ("causal", "window", "sink_tokens")
@@ -90,8 +91,7 @@ def judge(ctx, out, q, k, v, *, what: str, opts=None, fn: str = "flash_attention
     opts = dict(opts or {})
     call = f"{fn}{'' if what.startswith('(') else ' '}{what}"
     ctx.expect(isinstance(out, tuple) and len(out) == 2,
-               f"{call} must return the pair (o, lse); got {type(out).__name__}"
-               + (f" of length {len(out)}" if isinstance(out, tuple) else ""))
+               f"{fn} returned {describe_value(out)}: {call} must return the pair (o, lse)")
     o, lse = out
     ctx.expect_dtype(o, q.dtype, name=f"o {what} (o comes back in q's dtype)")
     ctx.expect_dtype(lse, torch.float32, name=f"lse {what} (lse is always float32)")
@@ -112,6 +112,21 @@ def judge(ctx, out, q, k, v, *, what: str, opts=None, fn: str = "flash_attention
         raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause, found.also)
     _judge_empty_rows(ctx, o, lse, q, k, what, opts)   # else rows that see no key teach best, if wrong
     raise CheckFailed(numbers)
+
+
+def attend(ctx, q, k, v, *, fn: str = "flash_attention", what: str | None = None, block_m=None, block_n=None,
+           num_warps=None, device=None, baseline=None, **opts):
+    """Call the learner's ``fn(q, k, v, **opts)``, with the tiles and warps asked for, and ``judge`` it.
+
+    ``opts`` go to the learner as given and to the reference; ``block_m``, ``block_n`` and
+    ``num_warps`` go to the learner only when given.  ``what`` describes the call in messages
+    (by default ``label`` of it).  Returns ``(o, lse)``.
+    """
+    tiles = {"block_m": block_m, "block_n": block_n, "num_warps": num_warps}
+    call = dict(opts, **{key: val for key, val in tiles.items() if val is not None})
+    out = getattr(ctx.learner, fn)(q, k, v, **call)
+    return judge(ctx, out, q, k, v, what=label(q, k, **call) if what is None else what, opts=opts, fn=fn,
+                 block_m=block_m, block_n=block_n, device=device, baseline=baseline)
 
 
 def _span(rows: torch.Tensor) -> str:

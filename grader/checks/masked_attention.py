@@ -10,18 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.attention import judge, label, visible
-
-
-def attention(ctx, q, k, v, *, block_m=None, block_n=None, **opts):
-    """Call the learner's flash_attention and judge (o, lse) against the float64 reference."""
-    kwargs = dict(opts)
-    if block_m is not None:
-        kwargs["block_m"] = block_m
-    if block_n is not None:
-        kwargs["block_n"] = block_n
-    out = ctx.learner.flash_attention(q, k, v, **kwargs)
-    return judge(ctx, out, q, k, v, what=label(q, k, **kwargs), opts=opts, block_m=block_m, block_n=block_n)
+from grader.checks.attention import label, visible
 
 
 def needed_tiles(nq: int, nk: int, block_m: int, block_n: int, **opts) -> torch.Tensor:

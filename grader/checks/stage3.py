@@ -13,7 +13,7 @@ import math
 import torch
 
 from grader.check import check
-from grader.checks.attention import judge
+from grader.checks.attention import attend
 from kernels import runtime
 
 
@@ -42,17 +42,10 @@ def _attention_close(ctx, q, k, v, *, sm_scale=None, block_m=None, block_n=None,
     The allowed error is twice what plain PyTorch makes in q's dtype (TF32 matmuls for float32 on a
     GPU).  ``ref_device`` is where the reference is computed: the GPU for real sizes, else the CPU.
     """
-    kwargs = {}
-    if sm_scale is not None:
-        kwargs["sm_scale"] = sm_scale
-    if block_m is not None:
-        kwargs["block_m"] = block_m
-    if block_n is not None:
-        kwargs["block_n"] = block_n
-    out = ctx.learner.flash_attention(q, k, v, **kwargs)
+    scale = {"sm_scale": sm_scale} if sm_scale is not None else {}     # else the learner's default
     label = (what + " " if what else "") + _describe(q, k, v, block_m, block_n)
-    judge(ctx, out, q, k, v, what=label, opts={"sm_scale": sm_scale}, block_m=block_m, block_n=block_n,
-          device=ref_device or torch.device("cpu"))
+    attend(ctx, q, k, v, what=label, block_m=block_m, block_n=block_n, device=ref_device or torch.device("cpu"),
+           **scale)
 
 
 def _qkv(ctx, b, h, nq, nk, d, dtype=torch.float32):

@@ -11,7 +11,7 @@ import concurrent.futures
 import torch
 
 from grader.check import check
-from grader.checks.attention import judge, label
+from grader.checks.attention import attend, label
 from grader.checks.masked_attention import needed_tiles
 from kernels import cuda_build, loader
 
@@ -46,20 +46,12 @@ def _tiles_bytes(plan: dict, itemsize: int = 2) -> int:
 def _judge(ctx, fn, q, k, v, *, causal=False, sm_scale=None, block_m=None, block_n=None, num_warps=None,
            what_extra=""):
     """Call the learner's ``fn`` (flash_attention or emulate_attention) and judge (o, lse) against float64."""
-    kwargs = {"causal": causal}
-    if sm_scale is not None:
-        kwargs["sm_scale"] = sm_scale
-    if block_m is not None:
-        kwargs["block_m"] = block_m
-    if block_n is not None:
-        kwargs["block_n"] = block_n
+    scale = {"sm_scale": sm_scale} if sm_scale is not None else {}
     if num_warps is not None:
-        kwargs["num_warps"] = num_warps
         what_extra += f", {num_warps} warps"
     what = label(q, k, causal=causal, block_m=block_m, block_n=block_n)[:-1] + f", D={q.shape[-1]}{what_extra})"
-    out = getattr(ctx.learner, fn)(q, k, v, **kwargs)
-    judge(ctx, out, q, k, v, what=what, opts={"causal": causal, "sm_scale": sm_scale}, fn=fn, block_m=block_m,
-          block_n=block_n)
+    attend(ctx, q, k, v, fn=fn, what=what, block_m=block_m, block_n=block_n, num_warps=num_warps, causal=causal,
+           **scale)
 
 
 # ---- the plan ------------------------------------------------------------------------------
