@@ -1,7 +1,8 @@
 """The one attention judge: a learner's ``(o, lse)`` against the float64 reference.
 
-Every attention stage (1, 3, 4 and the masked stages 5-8) judges its ``flash_attention`` here,
-so every stage holds the same contract to the same tolerance and teaches with the same words:
+Every attention stage (1, 3, 4 and the masked stages 5-8) calls its ``flash_attention`` through
+``attend`` (or judges what came back with ``judge``), so every stage holds the same contract to
+the same tolerance and teaches with the same words:
 
 1. the answer is the pair ``(o, lse)``, ``o`` in q's dtype and shape, ``lse`` float32 ``(B, H, Nq)``;
 2. ``o`` and ``lse`` are within the tolerance rule of ``kernels.reference.attention`` in float64
