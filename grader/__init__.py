@@ -1,1 +1,13 @@
-"""The workbook's grader: ``python -m grader`` (see grader/__main__.py)."""
+"""The workbook's grader: ``python -m grader`` (grader/__main__.py parses; each command is a module's ``main``).
+
+By role:
+
+    grading      check.py, checks/, grade.py, grade_stages.py, progress.py, batch.py, formats.py,
+                 holes.py, locate.py, diagnose.py, notebook.py, sanitize.py, stages.py
+    set-up       doctor.py (what runs on this machine), setup_plan.py (setup.sh's choices)
+    isolation    worker.py, sandbox.py, guard.py, limits.py, files.py (the worker's modules stay here:
+                 the sandbox shows them to the worker by path)
+    publishing/  release, editions, bundles, published solutions, updates
+    bench/       timing against PyTorch SDPA and FlexAttention, its report and training step
+    testing/     wrong solutions, the pytest bridge, the seed sweep
+"""

@@ -36,266 +36,272 @@ In a learner's edition:
                                          go beside them as <name>.new
     python -m grader stage3 --sanitize --only CHECK
                                          run a check under compute-sanitizer (needs a GPU)
+
+This module only parses: each command is the ``main`` of its module, called with keyword options
+(grader/grade_stages.py, grader/progress.py, grader/batch.py, grader/doctor.py,
+grader/publishing/, grader/bench/, grader/testing/sweep.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import importlib
 import sys
+
+STAGE_NAMES = [f"stage{n}" for n in range(1, 10)]
+COMMANDS = (*STAGE_NAMES, "grade", "release", "publish", "update", "batch", "bench", "sweep", "doctor")
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose description is computed only when its help is shown (importing the checks of a
+    stage, or torch, to build a help text nobody asked for would slow every command)."""
+
+    def __init__(self, *args, describe=None, **kwargs):
+        super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self._describe = describe
+
+    def format_help(self) -> str:
+        if self._describe is not None:
+            self.description = self._describe()
+        return super().format_help()
+
+
+def _doc(module: str):
+    return lambda: importlib.import_module(module).__doc__
+
+
+def _stage_help(name: str):
+    return lambda: importlib.import_module("grader.grade_stages").stage_help(name)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of milliseconds, got {text}")
+    return value
+
+
+def _add_grading_options(p, *, limits: bool = True) -> None:
+    from grader.limits import add_limit_options
+    from grader.sandbox import add_isolation_option
+    add_isolation_option(p)
+    if limits:
+        add_limit_options(p)
+
+
+def _add_stage_options(p) -> None:
+    """The options of ``python -m grader stageN`` (and of several stages: ``stage5,stage6``)."""
+    p.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
+    p.add_argument("--submission", metavar="DIR", help="grade the stage files in DIR (or DIR/stages) instead")
+    p.add_argument("--notebook", action="store_true", help="also run the stage's notebook with nbval")
+    p.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable; --list names them)")
+    p.add_argument("--list", action="store_true", dest="list_checks",
+                   help="list the stage's checks, their points and what they need, and run nothing")
+    p.add_argument("--format", choices=("table", "json", "gradescope"), default="table",
+                   help="table (default); json: every result, hidden checks by name; gradescope: results.json for "
+                        "Gradescope, hidden checks folded into one line")
+    p.add_argument("--out", metavar="FILE", help="with --format json or gradescope: write there, whole")
+    p.add_argument("--sanitize", action="store_true", help="run under compute-sanitizer memcheck (GPU)")
+    p.add_argument("--compare", action="store_true",
+                   help="after grading, show your code beside the published reference, hole by hole")
+    _add_grading_options(p)
+    p.set_defaults(command="grade", parser=p)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The one parser: ``python -m grader`` alone is the progress view; every other command is a subcommand."""
+    top = _Parser(prog="python -m grader", description=__doc__)
+    top.add_argument("--solutions", action="store_true", help="progress view: over solutions/ instead of stages/")
+    top.add_argument("--fresh", action="store_true", help="progress view: grade every started stage again, not "
+                                                          "from the cache of unchanged ones")
+    top.set_defaults(command="progress")
+    sub = top.add_subparsers(title="commands", metavar="COMMAND")
+
+    for name in STAGE_NAMES:
+        p = sub.add_parser(name, help=f"grade {name} (--help: its checks)", describe=_stage_help(name))
+        p.set_defaults(stages=name)
+        _add_stage_options(p)
+    p = sub.add_parser("grade", help="grade several stages: grade stage5,stage6 (or just: stage5,stage6)",
+                       description="Grade several stages, one table each: python -m grader stage5,stage6.")
+    p.add_argument("stages", help="the stages, comma-separated: stage5,stage6")
+    _add_stage_options(p)
+
+    p = sub.add_parser("release", help="regenerate stages/ from solutions/, or make an edition (--to)",
+                       describe=_doc("grader.publishing.release"))
+    p.add_argument("--check", action="store_true", dest="check_only", help="only say whether stages/ is in sync")
+    p.add_argument("--force", action="store_true", help="overwrite files you edited (a backup goes to stages/.backup/)")
+    p.add_argument("--to", metavar="DIR", help="write the learner's bundle into DIR (a new folder): stages, "
+                                               "notebooks, kernels, grader and tests; no solutions, no hidden checks")
+    p.add_argument("--autograder", metavar="STAGES", help="with --to: a Gradescope autograder for these stages "
+                                                          "(stage5,stage6), hidden checks kept, and DIR.zip")
+    p.add_argument("--through", metavar="STAGE", help="with --to: ship stages 1..STAGE only (stage N+1's file "
+                                                      "holds stage N's answers as given code)")
+    p.set_defaults(command="release", parser=p)
+
+    p = sub.add_parser("publish", help="add reference solutions to a learner's edition, stage by stage",
+                       describe=_doc("grader.publishing.publish"))
+    p.add_argument("stages", help="the stages to publish: stage2 or stage2,stage3")
+    p.add_argument("--to", metavar="DIR", required=True, help="the learner's edition (made by release --to)")
+    p.set_defaults(command="publish")
+
+    p = sub.add_parser("update", help="take a newer edition into this copy; your edited files stay",
+                       describe=_doc("grader.publishing.update"))
+    p.add_argument("--from", dest="source", metavar="DIR", required=True, help="the newer edition's folder")
+    p.set_defaults(command="update")
+
+    p = sub.add_parser("batch", help="grade a class of submissions: a gradebook and each learner's results",
+                       describe=_doc("grader.batch"))
+    p.add_argument("submissions", help="a folder with one folder per learner")
+    p.add_argument("--stages", required=True, help="stages to grade, comma-separated: stage5,stage6")
+    p.add_argument("--out", required=True, help="where the gradebook and results go")
+    p.add_argument("--jobs", type=int, help="gradings at once (default: the machine's cores)")
+    p.add_argument("--seed", type=int, help="the inputs' seed (default: random, then kept in OUT/batch.json)")
+    _add_grading_options(p)
+    p.set_defaults(command="batch")
+
+    _add_bench(sub)
+
+    p = sub.add_parser("sweep", help="grade the reference on many seeds: the worst margin of each check",
+                       describe=_doc("grader.testing.sweep"))
+    p.add_argument("stages", metavar="stage", help="stage(s) to sweep: stage3, or stage1,stage2")
+    p.add_argument("--seeds", type=int, default=20, help="how many seeds (default 20)")
+    p.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
+    p.add_argument("--seed", type=int, action="append", dest="exact_seeds", help="exactly these seeds (repeatable)")
+    p.add_argument("--only", action="append", metavar="CHECK", help="only this check (repeatable)")
+    p.add_argument("--json", metavar="FILE", help="also write every check's margins there")
+    p.add_argument("--jobs", type=int, default=1, help="processes to deal the seeds out to (CPU: one per core; a "
+                                                       "GPU is best left to one)")
+    p.set_defaults(command="sweep")
+
+    p = sub.add_parser("doctor", help="what runs on this machine, what does not, and how to fix it",
+                       describe=_doc("grader.doctor"))
+    p.set_defaults(command="doctor")
+    return top
+
+
+def _add_bench(sub) -> None:
+    """``bench STAGES``, ``bench report FILE`` and ``bench train``: timing runs on a GPU."""
+    bench = sub.add_parser("bench", help="time kernels against PyTorch SDPA and FlexAttention (GPU)",
+                           describe=_doc("grader.bench.measure"))
+    kinds = bench.add_subparsers(title="what to time", metavar="{STAGES,report,train}", required=True)
+    # `bench stage5` is `bench time stage5`: see _canonical.
+    p = kinds.add_parser("time", help="STAGES: stage5, stage5,stage7 or all (the default command)",
+                         describe=_doc("grader.bench.measure"))
+    p.add_argument("stages", metavar="stage", help="what to benchmark: stage3 ... stage9, several (stage5,stage7), "
+                                                   "or all")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--learner", action="store_true", help="time your stages/ files instead of the reference "
+                                                            "solutions/")
+    who.add_argument("--solutions", action="store_true", help=argparse.SUPPRESS)   # the default; kept for old commands
+    p.add_argument("--providers", metavar="A,B", help="comma-separated providers (default: the stage's list)")
+    p.add_argument("--json", metavar="PATH", help="write the rows {stage, case, provider, ms, tflops, peak_mib, "
+                                                  "input_mib, note} here")
+    p.add_argument("--plot", metavar="PATH", help="save a bar chart (PNG) of TFLOP/s per case and provider here")
+    p.add_argument("--rep", metavar="MS", type=_positive_int,
+                   help="milliseconds of timed runs per measurement (default 100)")
+    p.set_defaults(command="bench")
+
+    p = kinds.add_parser("report", help="the Markdown page of a bench --json file (docs/performance.md)",
+                         describe=_doc("grader.bench.report"))
+    p.add_argument("json", help="rows written by python -m grader bench --json")
+    p.add_argument("--out", help="write the Markdown page here (default: print it)")
+    p.add_argument("--device", help="the machine, for a JSON file that does not record it")
+    p.add_argument("--software", help="the versions, for a JSON file that does not record them")
+    p.set_defaults(command="bench report")
+
+    p = kinds.add_parser("train", help="a gpt-oss-style training step against FlexAttention and SDPA",
+                         describe=_doc("grader.bench.train"))
+    p.add_argument("--sizes", metavar="A,B", help="comma-separated sizes (default: the small ones)")
+    p.add_argument("--providers", metavar="A,B", help="comma-separated providers (default: all)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per provider (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="steps before timing, the compile among them (default 3)")
+    p.add_argument("--json", metavar="PATH", help="write (merge) the rows into this JSON file")
+    p.set_defaults(command="bench train")
+
+
+def _canonical(argv: list[str]) -> list[str]:
+    """The two shorthands argparse cannot name as subcommands.  Stages as the command: ``stage5,stage6``
+    (or ``3``, or a stage's module name) is ``grade stage5,stage6``, whose error lists the stages when
+    one is unknown; and the stages after bench: ``bench stage5`` is ``bench time stage5``."""
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        return ["grade", *argv]
+    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] not in ("report", "train", "time", "-h", "--help"):
+        return ["bench", "time", *argv[1:]]
+    return argv
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The options of the command line, checked as a whole; argparse's SystemExit when they are wrong."""
+    args = parser().parse_args(_canonical(argv))
+    if args.command == "grade":
+        if args.solutions and args.submission:
+            args.parser.error("--solutions and --submission choose different files: give one")
+        if args.out and args.format == "table":
+            args.parser.error("--out goes with --format json or --format gradescope")
+    if args.command == "release" and (args.autograder or args.through) and not args.to:
+        args.parser.error("--autograder and --through go with --to DIR")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "release":
-        return _release(argv[1:])
-    if argv and argv[0] == "batch":
+    try:
+        args = _parse(argv)
+    except SystemExit as exc:          # argparse printed the usage and the error (or the help)
+        return int(exc.code or 0)
+    if getattr(args, "isolation", None):
+        from grader.sandbox import use_isolation_option
+        use_isolation_option(args)
+    limits = _limits(args)
+    command = args.command
+    if command == "progress":
+        from grader import progress
+        return progress.main(solutions=args.solutions, fresh=args.fresh)
+    if command == "grade":
+        from grader import grade_stages
+        return grade_stages.main(args.stages, solutions=args.solutions, submission=args.submission,
+                                 notebook=args.notebook, only=args.only, list_checks=args.list_checks,
+                                 format=args.format, out=args.out, sanitize=args.sanitize, compare=args.compare,
+                                 limits=limits, argv=argv)
+    if command == "release":
+        from grader.publishing import release
+        return release.main(check_only=args.check_only, force=args.force, to=args.to, autograder=args.autograder,
+                            through=args.through)
+    if command == "publish":
+        from grader.publishing import publish
+        return publish.main(args.stages, to=args.to)
+    if command == "update":
+        from grader.publishing import update
+        return update.main(source=args.source)
+    if command == "batch":
         from grader import batch
-        return batch.main(argv[1:])
-    if argv and argv[0] == "publish":
-        return _publish(argv[1:])
-    if argv and argv[0] == "update":
-        return _update(argv[1:])
-    if argv[:2] == ["bench", "report"]:
-        from grader import bench_report
-        return bench_report.main(argv[2:])
-    if argv and argv[0] == "bench":
-        from grader import bench
-        return bench.main(argv[1:])
-    if argv and argv[0] == "sweep":
-        from grader import sweep
-        return sweep.main(argv[1:])
-    if argv and argv[0] == "doctor":
-        from grader import doctor
-        return doctor.main(argv[1:])
-    from grader.limits import Limits, add_limit_options, limit_overrides
-    from grader.sandbox import add_isolation_option, use_isolation_option
-    parser = argparse.ArgumentParser(prog="python -m grader", description=_description(argv),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", nargs="?", help="stage to grade: stage1 ..., or several: stage5,stage6 "
-                                                 "(omit for progress over all)")
-    parser.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
-    parser.add_argument("--fresh", action="store_true", help="progress view: grade every started stage again, "
-                                                             "not from the cache of unchanged ones")
-    parser.add_argument("--submission", metavar="DIR", help="grade the stage files in DIR (or DIR/stages) instead")
-    parser.add_argument("--notebook", action="store_true", help="also run the stage's notebook with nbval")
-    parser.add_argument("--only", action="append", metavar="CHECK",
-                        help="run only this check (repeatable; --list names them)")
-    parser.add_argument("--list", action="store_true", help="list the stage's checks, their points and what "
-                                                            "they need, and run nothing")
-    parser.add_argument("--format", choices=("table", "json", "gradescope"), default="table",
-                        help="table (default); json: every result, hidden checks by name; gradescope: "
-                             "results.json for Gradescope, hidden checks folded into one line")
-    parser.add_argument("--out", metavar="FILE", help="with --format json or gradescope: write there, whole")
-    parser.add_argument("--sanitize", action="store_true", help="run under compute-sanitizer memcheck (GPU)")
-    parser.add_argument("--compare", action="store_true",
-                        help="after grading, show your code beside the published reference, hole by hole")
-    add_isolation_option(parser)
-    add_limit_options(parser)
-    args = parser.parse_args(argv)
-    use_isolation_option(args)
-    if args.solutions and args.submission:
-        parser.error("--solutions and --submission choose different files: give one")
-    if args.out and args.format == "table":
-        parser.error("--out goes with --format json or --format gradescope")
-
-    from grader import doctor, stages
-    if args.stage is None:
-        if not doctor.guard(None)[0]:   # a platform the grader cannot run on: say where it can
-            return 2
-        from grader.progress import progress
-        return progress(source="solutions" if args.solutions else "stages", use_cache=not args.fresh)
-    try:
-        chosen = [stages.find(name) for name in args.stage.split(",")]
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    if args.list:
-        for stage in chosen:
-            print(_check_list(stage))
-        return 0
-    if args.only:
-        names = {c.name for stage in chosen for c in stage.checks()}
-        unknown = [name for name in args.only if name not in names]
-        if unknown:
-            listing = "\n".join(_check_list(stage) for stage in chosen)
-            print(f"no check named {', '.join(map(repr, unknown))} in {args.stage}; the checks are:\n{listing}",
-                  file=sys.stderr)
-            return 2
-    go, chosen = doctor.guard(chosen)   # without Triton: only the stages that need none
-    if not go:
-        return 2
-    from kernels.loader import ROOT
-    if args.solutions and not (ROOT / "solutions").is_dir():
-        print("this copy of the workbook has no solutions/ (it is a learner's copy): there is no reference "
-              "solution to grade")
-        return 0
-    from grader import sanitize
-    if args.sanitize and not os.environ.get(sanitize.ENV):
-        return sanitize.relaunch(argv)
-    from grader.grade import grade_stage, print_result, submission_folder
-    limits = Limits.from_env(**limit_overrides(args))
-    table = args.format == "table"
-    graded = []
-    for stage in chosen:
-        if args.submission:
-            source = str(submission_folder(args.submission, stage))
-        else:
-            source = "solutions" if args.solutions else "stages"
-        print(f"grading {stage.name} ({source}/{stage.module}.py) ...", file=sys.stdout if table else sys.stderr,
-              flush=True)
-        result = grade_stage(stage, source, only=args.only, limits=limits)
-        if table:
-            print_result(stage, result)
-        if args.compare:
-            from grader.compare import compare
-            from kernels.loader import source_dir
-            print("\n" + compare(stage, result, source_dir(source)), flush=True)
-        graded.append((stage, result))
-    ok = all(result.ok for _, result in graded)
-    if not table:
-        from grader import formats
-        from grader import edition
-        notes = [f"Graded by {edition.describe()}."] + edition.version_notes(args.submission)
-        data = formats.gradescope(graded, notes) if args.format == "gradescope" else formats.detail(graded)
-        text = json.dumps(data, indent=1) + "\n"
-        if args.out:
-            formats.write_atomic(args.out, text)
-        else:
-            sys.stdout.write(text)
-    if args.notebook:
-        from grader.notebook import run_notebook
-        for stage, result in graded:
-            ok = run_notebook(stage, result.source) and ok
-    return 0 if ok else 1
+        return batch.main(args.submissions, stages=args.stages, out=args.out, jobs=args.jobs, seed=args.seed,
+                          limits=limits)
+    if command == "bench":
+        from grader.bench import measure
+        return measure.main(args.stages, learner=args.learner, providers=args.providers, json_path=args.json,
+                            plot_path=args.plot, rep=args.rep)
+    if command == "bench report":
+        from grader.bench import report
+        return report.main(args.json, out=args.out, device=args.device, software=args.software)
+    if command == "bench train":
+        from grader.bench import train
+        return train.main(sizes=args.sizes, providers=args.providers, steps=args.steps, warmup=args.warmup,
+                          json_path=args.json)
+    if command == "sweep":
+        from grader.testing import sweep
+        return sweep.main(args.stages, seeds=args.seeds, first_seed=args.first_seed, exact_seeds=args.exact_seeds,
+                          only=args.only, json_path=args.json, jobs=args.jobs)
+    from grader import doctor
+    return doctor.main()
 
 
-def _check_list(stage) -> str:
-    """A stage's checks, one a line: name, points, whether it needs a GPU, and what it checks."""
-    from kernels import runtime
-    shown = [c for c in stage.checks() if not c.hidden]
-    hidden = [c for c in stage.checks() if c.hidden]
-    width = max(len(c.name) for c in shown)
-    lines = [f"{stage.name} ({stage.module}.py, notebook {stage.notebook}): {stage.title}",
-             f"  {'check':<{width}}  points  runs on     checks"]
-    for c in shown:
-        needs = "GPU only" if c.gpu else "CPU or GPU"
-        note = " (bad input: counts once the code it calls is written)" if c.validation else ""
-        lines.append(f"  {c.name:<{width}}  {c.points:>6}  {needs:<10}  {c.doc.rstrip('.')}{note}")
-    here = sum(c.points for c in shown + hidden if runtime.ON_GPU or not c.gpu)
-    total = sum(c.points for c in shown + hidden)
-    if hidden:
-        lines.append(f"  and {len(hidden)} hidden check(s), {sum(c.points for c in hidden)} points")
-    lines.append(f"  {total} points; {here} of them run on this machine ({runtime.describe()})")
-    return "\n".join(lines)
-
-
-def _description(argv: list[str]) -> str:
-    """The help text; ``python -m grader stage3 --help`` adds what stage 3's grading checks."""
-    if not any(a in ("-h", "--help") for a in argv):
-        return __doc__
-    from grader import stages
-    named = [a for a in argv if not a.startswith("-")]
-    try:
-        chosen = [stages.find(n) for n in named[0].split(",")] if named else []
-    except ValueError:
-        chosen = []
-    if not chosen:
-        return __doc__
-    parts = []
-    for stage in chosen:
-        parts.append(f"Grade {stage.name}: stages/{stage.module}.py, with notebooks/{stage.notebook} beside it.\n\n"
-                     f"    python -m grader {stage.name}                 every check below\n"
-                     f"    python -m grader {stage.name} --only CHECK    one of them (repeatable)\n"
-                     f"    python -m grader {stage.name} --notebook      also run the notebook against your file\n"
-                     f"    WORKBOOK_SEED=N python -m grader {stage.name} repeat the inputs of a run (its seed is "
-                     "printed)\n\n" + _check_list(stage))
-    return "\n\n".join(parts) + "\n\nStatuses: pass, FAIL (a wrong answer, its most likely cause first), todo (a " \
-        "TODO still as released), crash, timeout, not run (needs a GPU or a tool)."
-
-
-def _release(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader release",
-                                     description="Regenerate stages/ from solutions/.")
-    parser.add_argument("--check", action="store_true", help="only say whether stages/ is in sync")
-    parser.add_argument("--force", action="store_true",
-                        help="overwrite files you edited (a backup goes to stages/.backup/)")
-    parser.add_argument("--to", metavar="DIR", help="write the learner's bundle into DIR (a new folder): stages, "
-                                                    "notebooks, kernels, grader and tests; no solutions, no hidden checks")
-    parser.add_argument("--autograder", metavar="STAGES", help="with --to: a Gradescope autograder for these "
-                                                               "stages (stage5,stage6), hidden checks kept, and DIR.zip")
-    parser.add_argument("--through", metavar="STAGE", help="with --to: ship stages 1..STAGE only (stage N+1's file "
-                                                           "holds stage N's answers as given code)")
-    args = parser.parse_args(argv)
-    from grader import release
-    if (args.autograder or args.through) and not args.to:
-        parser.error("--autograder and --through go with --to DIR")
-    if not (release.ROOT / "solutions").is_dir():
-        print("this copy of the workbook has no solutions/ (it is a learner's copy): its stages/ came with it, "
-              "and there is nothing to release")
-        return 0
-    if args.to:
-        from grader import bundle
-        try:
-            bundle.build(args.to, autograder=args.autograder.split(",") if args.autograder else None,
-                         through=args.through)
-        except (bundle.BundleError, ValueError) as exc:
-            print(exc, file=sys.stderr)
-            return 1
-        return 0
-    if args.check:
-        stale = release.check()
-        if stale:
-            print("stages/ is out of sync with solutions/ for: " + ", ".join(stale))
-            print("run: python -m grader release")
-            return 1
-        print("stages/ is in sync with solutions/")
-        return 0
-    kept = release.release(force=args.force)
-    return 1 if kept else 0
-
-
-def _publish(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader publish",
-                                     description="Add reference solutions, their notes and notebooks to a learner's "
-                                                 "edition, stage by stage.")
-    parser.add_argument("stages", help="the stages to publish: stage2 or stage2,stage3")
-    parser.add_argument("--to", metavar="DIR", required=True, help="the learner's edition (made by release --to)")
-    args = parser.parse_args(argv)
-    from grader import publish
-    try:
-        publish.publish(args.to, args.stages.split(","))
-    except (publish.PublishError, ValueError) as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return 0
-
-
-def _update(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader update",
-                                     description="Bring a newer edition into this copy: files you did not change are "
-                                                 "replaced, files you changed stay and the new version goes beside "
-                                                 "them as <name>.new.")
-    parser.add_argument("--from", dest="source", metavar="DIR", required=True, help="the newer edition's folder")
-    args = parser.parse_args(argv)
-    from pathlib import Path
-
-    from grader import edition
-    from kernels.loader import ROOT
-    new = edition.read(Path(args.source))
-    if new is None:
-        print(f"{args.source} holds no edition ({edition.MANIFEST})", file=sys.stderr)
-        return 2
-    mine = edition.read(ROOT)
-    if mine is None:
-        print("this copy is not a learner's edition (no edition.json): nothing to update", file=sys.stderr)
-        return 2
-    wanted = {rel: data for rel, data in edition.on_disk(Path(args.source), new).items()
-              if rel in new["files"]}
-    changes = edition.write(ROOT, wanted, {k: v for k, v in new.items() if k != "files"})
-    print(f"edition {mine['version']} -> {new['version']}: {len(changes)} change(s)")
-    return 0
+def _limits(args) -> dict:
+    """The limit options given (``Limits.from_env`` overrides), for the commands that take them."""
+    if not hasattr(args, "check_timeout"):
+        return {}
+    from grader.limits import limit_overrides
+    return limit_overrides(args)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ folder, are listed and left out.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import io
@@ -44,8 +43,7 @@ from pathlib import Path
 
 from grader import files, formats, sandbox, stages
 from grader.grade import CheckResult, StageResult, submission_folder
-from grader.limits import Limits, add_limit_options, limit_overrides
-from grader.sandbox import add_isolation_option, use_isolation_option
+from grader.limits import Limits
 from kernels.loader import ROOT
 
 COLUMNS = ("learner", "stage", "score", "max_score", "status", "seconds", "isolation")
@@ -303,22 +301,15 @@ def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, 
     return 0
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader batch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("submissions", type=Path, help="a folder with one folder per learner")
-    parser.add_argument("--stages", required=True, help="stages to grade, comma-separated: stage5,stage6")
-    parser.add_argument("--out", type=Path, required=True, help="where the gradebook and results go")
-    parser.add_argument("--jobs", type=int, help="gradings at once (default: the machine's cores)")
-    parser.add_argument("--seed", type=int, help="the inputs' seed (default: random, then kept in OUT/batch.json)")
-    add_isolation_option(parser)
-    add_limit_options(parser)
-    args = parser.parse_args(argv)
-    use_isolation_option(args)
+def main(submissions: str | Path, *, stages: str, out: str | Path, jobs: int | None = None, seed: int | None = None,
+         limits: dict | None = None) -> int:
+    """``python -m grader batch``: grade every learner in ``submissions`` on ``stages`` (``stage5,stage6``)
+    into ``out``; ``limits`` are ``Limits.from_env`` overrides."""
+    from grader import stages as all_stages
     try:
-        chosen = [stages.find(name) for name in args.stages.split(",")]
+        chosen = [all_stages.find(name) for name in stages.split(",")]
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    limits = Limits.from_env(jobs=args.jobs or os.cpu_count() or 1, **limit_overrides(args))
-    return run(args.submissions, chosen, args.out, jobs=args.jobs, limits=limits, seed=args.seed)
+    limits = Limits.from_env(jobs=jobs or os.cpu_count() or 1, **(limits or {}))
+    return run(Path(submissions), chosen, Path(out), jobs=jobs, limits=limits, seed=seed)

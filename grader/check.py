@@ -2,7 +2,7 @@
 
 A check is a plain function ``def name(ctx: Ctx)`` registered with ``@check(points=...)``.
 It builds inputs in the grader's process, calls learner code through ``ctx.learner``
-(which runs it in the worker), and judges the result with ``ctx.close`` / ``ctx.expect``.
+(which runs it in the worker), and judges the result with ``ctx.close`` / ``ctx.expect`` (attention with grader/checks/attention.py).
 It passes by returning and fails by raising ``CheckFailed`` with a message that teaches.
 
     @check(points=2, hint="rescale the running sum whenever the running max grows")
@@ -131,7 +131,8 @@ class Ctx:
         self.learner = _Learner(self.runner, self.timeout, self.deadline)
         self.margins = []
 
-    def _record(self, report: tolerance.Report, name: str) -> None:
+    def record(self, report: tolerance.Report, name: str) -> None:
+        """Keep a judgement's margin (error / allowed), which the sweep reads."""
         if report.allowed > 0:
             self.margins.append((name, report.max_error / report.allowed))
 
@@ -165,7 +166,7 @@ class Ctx:
         if not condition:
             raise CheckFailed(message)
 
-    def close(self, out, ref, baseline, *, name: str, factor: float = 2.0, floor: float | None = None,
+    def close(self, out, ref, baseline, *, name: str, factor: float = tolerance.OUTPUT_FACTOR, floor: float | None = None,
               dims=None, row_dim=None, block_m=None, explain=None) -> None:
         """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance).
 
@@ -174,7 +175,7 @@ class Ctx:
         """
         report = tolerance.compare(out, ref, baseline, name=name, factor=factor, floor=floor, dims=dims,
                                    row_dim=row_dim, block_m=block_m)
-        self._record(report, name)
+        self.record(report, name)
         if report.ok:
             return
         if explain is not None:
@@ -184,35 +185,10 @@ class Ctx:
                 raise CheckFailed(f"likely cause: {found.message}\n{report.message}", found.cause, found.also)
         raise CheckFailed(report.message)
 
-    def close_attention(self, o, lse, q, k, v, *, refs, opts=None, what: str, block_m=None, block_n=None) -> None:
-        """Judge ``(o, lse)`` against the float64 reference; when wrong, name the likely mistake first.
-
-        ``refs`` is ``(o_ref, lse_ref, o_pt, lse_pt)``: the float64 reference and plain PyTorch in
-        the input's dtype (the tolerance's baseline); ``opts`` the call's options (causal, window,
-        sink_tokens, sinks, sm_scale) for the diagnosis.
-        """
-        o_ref, lse_ref, o_pt, lse_pt = refs
-        dims = ("b", "h", "i", "d")
-        rep_o = tolerance.compare(o, o_ref, o_pt, name=f"o {what}", dims=dims, row_dim=2, block_m=block_m,
-                                  floor=tolerance.attention_floor(o_ref, lse_ref))
-        rep_l = tolerance.compare(lse, lse_ref, lse_pt, name=f"lse {what}", dims=dims[:3], row_dim=2,
-                                  block_m=block_m)
-        self._record(rep_o, f"o {what}")
-        self._record(rep_l, f"lse {what}")
-        if rep_o.ok and rep_l.ok:
-            return
-        from grader import diagnose
-        found = diagnose.safely(diagnose.attention, o, lse, q, k, v, dict(opts or {}),
-                                allowed=(rep_o.allowed, rep_l.allowed), block_m=block_m, block_n=block_n)
-        numbers = "; ".join(r.message for r in (rep_o, rep_l) if not r.ok)
-        if found:
-            raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause, found.also)
-        raise CheckFailed(numbers)
-
     def close_softmax(self, out, x, ref, baseline, *, name: str, block=None, dims=("r", "c"), extra=None) -> None:
         """``close`` for a row softmax of ``x``, naming the likely mistake first when it is wrong."""
         report = tolerance.compare(out, ref, baseline, name=name, dims=dims)
-        self._record(report, name)
+        self.record(report, name)
         if report.ok:
             return
         from grader import diagnose

@@ -27,9 +27,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import files, holes, locate, release, sandbox, stages
+from grader import files, holes, locate, sandbox, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.limits import Limits
+from grader.publishing import release
 from grader.stages import Stage
 from grader.worker import ImportFailed, LearnerError, Misbehaved, Runner, WorkerDied
 from kernels import loader, runtime

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader import release
+from grader.publishing import release
 from kernels.loader import ROOT
 
 _LABEL = re.compile(r"TODO(\([^)]*\))?")

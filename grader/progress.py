@@ -13,8 +13,9 @@ import json
 import sys
 import time
 
-from grader import edition, release, stages
+from grader import stages
 from grader.grade import StageResult, format_result, grade_stage, score_line
+from grader.publishing import edition, release
 from kernels import loader, runtime
 
 CACHE = loader.ROOT / ".grader-cache" / "progress"
@@ -84,6 +85,14 @@ def _state(result: StageResult) -> tuple[str, bool]:
         return "does not import", False
     text = score_line(result).replace("score ", "", 1).replace(" (the points that run here)", " points")
     return text + ("  done" if result.ok else ""), result.ok
+
+
+def main(*, solutions: bool = False, fresh: bool = False) -> int:
+    """``python -m grader``: progress over every stage of stages/ (or ``solutions``), re-graded if ``fresh``."""
+    from grader import doctor
+    if not doctor.guard(None)[0]:   # a platform the grader cannot run on: say where it can
+        return 2
+    return progress(source="solutions" if solutions else "stages", use_cache=not fresh)
 
 
 def progress(source: str = "stages", *, use_cache: bool = True, out=None) -> int:

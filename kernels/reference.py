@@ -109,6 +109,24 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
     return o, lse
 
 
+def attention_grads(q, k, v, do, *, sinks=None, compute_dtype=torch.float64, **opts):
+    """``(o, dq, dk, dv, dsinks)``: autograd through ``attention`` for the output gradient ``do``.
+
+    The reference's gradients in ``compute_dtype``: float64 gives the answer, the input's dtype
+    (``tolerance.baseline_dtype``) the error plain PyTorch makes, for the tolerance rule.  The
+    leaves are float64 copies of ``q``, ``k``, ``v`` for float64 and copies in their own dtype
+    otherwise; ``sinks`` keeps its dtype (float32), so ``dsinks`` comes back in it, and is None
+    without learned sinks.  ``opts`` are ``attention``'s options (causal, window, sink_tokens,
+    sm_scale).  Nothing given is modified.
+    """
+    leaf_dtype = torch.float64 if compute_dtype == torch.float64 else q.dtype
+    q, k, v = (t.detach().to(leaf_dtype).requires_grad_(True) for t in (q, k, v))
+    s = sinks.detach().clone().requires_grad_(True) if sinks is not None else None
+    o, _ = attention(q, k, v, sinks=s, compute_dtype=compute_dtype, **opts)
+    o.backward(do.to(o.dtype))
+    return o.detach(), q.grad, k.grad, v.grad, (s.grad if s is not None else None)
+
+
 def softmax(x: torch.Tensor, *, compute_dtype=torch.float64) -> torch.Tensor:
     """Row softmax over the last dimension; a row that is all ``-inf`` gives zeros, not NaN."""
     x = x.to(compute_dtype)

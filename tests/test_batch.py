@@ -16,7 +16,9 @@ import time
 
 import pytest
 
-from grader import mutants, release, stages
+from grader import stages
+from grader.publishing import release
+from grader.testing import mutants
 from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")

@@ -8,8 +8,11 @@ import warnings
 import pytest
 import torch
 
-from grader import bench, stages
-from grader.bench import Case
+from grader import stages
+from grader.__main__ import _parse
+from grader.__main__ import main as cli
+from grader.bench import cases, chart, measure, providers, tables, verify
+from grader.bench.cases import Case
 from kernels import masks, reference, runtime
 from kernels.loader import ROOT
 
@@ -33,11 +36,11 @@ def _brute_force_pairs(nq, nk, **opts) -> int:
     (64, 64, dict(causal=True, sink_tokens=4)),
 ])
 def test_visible_pairs_match_a_brute_force_count(nq, nk, opts):
-    assert bench.visible_pairs(nq, nk, **opts) == _brute_force_pairs(nq, nk, **opts)
+    assert cases.visible_pairs(nq, nk, **opts) == _brute_force_pairs(nq, nk, **opts)
 
 
 def test_visible_pairs_at_a_benchmark_size():
-    assert bench.visible_pairs(4096, 4096, causal=True, window=1024) == \
+    assert cases.visible_pairs(4096, 4096, causal=True, window=1024) == \
         _brute_force_pairs(4096, 4096, causal=True, window=1024)
 
 
@@ -52,34 +55,34 @@ def test_flops_count_visible_pairs_and_backward_is_two_and_a_half_forwards():
 
 def test_every_stage_has_cases_its_solution_can_run_and_valid_providers():
     source = "solutions" if HAS_SOLUTIONS else "stages"
-    assert list(bench.CASES) == sorted(bench.CASES, key=lambda s: int(s[5:]))
-    for stage, cases in bench.CASES.items():
+    assert list(cases.CASES) == sorted(cases.CASES, key=lambda s: int(s[5:]))
+    for stage, stage_cases in cases.CASES.items():
         stages.find(stage)
-        assert cases, stage
-        names = [c.name for c in cases]
+        assert stage_cases, stage
+        names = [c.name for c in stage_cases]
         assert len(set(names)) == len(names), f"{stage}: two cases share a name"
-        providers = bench.PROVIDERS.get(stage, bench.DEFAULT_PROVIDERS)
-        assert providers[0] == "solution" and set(providers) <= set(bench.PROVIDER_NAMES), stage
-        for name in providers:
-            assert bench.provider(name, stage, source).name == name
-        solution = bench.StageKernel(stage, source)
-        for case in cases:                   # the stage's own kernel takes every option of its cases
+        chosen = cases.PROVIDERS.get(stage, cases.DEFAULT_PROVIDERS)
+        assert chosen[0] == "solution" and set(chosen) <= set(cases.PROVIDER_NAMES), stage
+        for name in chosen:
+            assert providers.provider(name, stage, source).name == name
+        solution = providers.StageKernel(stage, source)
+        for case in stage_cases:             # the stage's own kernel takes every option of its cases
             assert case.dtype == torch.bfloat16
             fn = solution.module.flash_attention_backward if case.backward else solution.module.flash_attention
             solution._options(case, fn)
-    assert [c.name for c in bench.CASES["stage9"] if c.backward] == \
-        [c.name.replace(" fwd", " bwd") for c in bench.CASES["stage9"] if not c.backward]
+    assert [c.name for c in cases.CASES["stage9"] if c.backward] == \
+        [c.name.replace(" fwd", " bwd") for c in cases.CASES["stage9"] if not c.backward]
 
 
 def test_checked_heads_cover_a_whole_group_for_the_backward():
-    assert bench.checked_heads(Case(4, 16, 64, 64, 64)) == (2, 2)
-    assert bench.checked_heads(Case(4, 32, 64, 64, 64, kv_heads=8)) == (2, 1)
-    assert bench.checked_heads(Case(4, 32, 64, 64, 64, kv_heads=8, backward=True)) == (4, 1)
-    assert bench.checked_heads(Case(4, 16, 64, 64, 64, backward=True)) == (2, 2)
-    assert bench.checked_heads(Case(1, 2, 64, 64, 64, kv_heads=1, backward=True)) == (2, 1)
+    assert verify.checked_heads(Case(4, 16, 64, 64, 64)) == (2, 2)
+    assert verify.checked_heads(Case(4, 32, 64, 64, 64, kv_heads=8)) == (2, 1)
+    assert verify.checked_heads(Case(4, 32, 64, 64, 64, kv_heads=8, backward=True)) == (4, 1)
+    assert verify.checked_heads(Case(4, 16, 64, 64, 64, backward=True)) == (2, 2)
+    assert verify.checked_heads(Case(1, 2, 64, 64, 64, kv_heads=1, backward=True)) == (2, 1)
 
 
-class _Torch(bench.Provider):
+class _Torch(providers.Provider):
     """PyTorch's attention in the inputs' dtype (right), optionally with a defect."""
 
     def __init__(self, name, o_scale=1.0, dk_scale=1.0, fail=False):
@@ -111,8 +114,8 @@ def test_bench_checks_then_times_each_provider_and_reports_the_others(backward):
 
     providers = [_Torch("right"), _Torch("o-off", o_scale=1.01), _Torch("dk-off", dk_scale=1.01),
                  _Torch("broken", fail=True), "sdpa-flash"]
-    rows = bench.run("stage9", cases=[case], providers=providers, device="cpu", timer=timer, memory=memory,
-                     log=lambda *a, **k: None)
+    rows = measure.run("stage9", cases=[case], providers=providers, device="cpu", timer=timer, memory=memory,
+                       log=lambda *a, **k: None)
     got = {r["provider"]: r for r in rows}
     assert list(got) == ["right", "o-off", "dk-off", "broken", "sdpa-flash"]
     assert got["right"]["note"] == "" and got["right"]["ms"] == 0.5
@@ -137,7 +140,7 @@ def test_bench_checks_then_times_each_provider_and_reports_the_others(backward):
         assert metered[0].shape == (1, 4, 48, 16)
 
 
-class _Refills(bench.Provider):
+class _Refills(providers.Provider):
     """Refills, in place, a tensor its graph saves each time it is set up (as flex does its mask's numbers)."""
     name = "refills"
 
@@ -152,8 +155,8 @@ class _Refills(bench.Provider):
 
 def test_backward_times_the_graph_made_last():
     case = Case(1, 2, 24, 24, 16, causal=True, backward=True, dtype=F32)
-    rows = bench.run("stage9", cases=[case], providers=[_Refills()], device="cpu", timer=lambda fn: fn() and 1.0,
-                     memory=lambda make: make() and 2.0, log=lambda *a, **k: None)
+    rows = measure.run("stage9", cases=[case], providers=[_Refills()], device="cpu", timer=lambda fn: fn() and 1.0,
+                       memory=lambda make: make() and 2.0, log=lambda *a, **k: None)
     assert (rows[0]["note"], rows[0]["ms"], rows[0]["peak_mib"]) == ("", 1.0, 2.0)
 
 
@@ -162,7 +165,7 @@ def test_input_bytes_count_q_k_v_and_the_backward_s_do():
     assert case.input_bytes == (2 * 8 * 100 * 16 + 2 * 2 * 2 * 60 * 16) * 4
     back = dataclasses.replace(case, backward=True, dtype=torch.bfloat16)
     assert back.input_bytes == (2 * 2 * 8 * 100 * 16 + 2 * 2 * 2 * 60 * 16) * 2
-    assert bench.peak_memory(lambda: torch.zeros(10), "cpu") is None     # torch.cuda keeps no peak for the CPU
+    assert measure.peak_memory(lambda: torch.zeros(10), "cpu") is None     # torch.cuda keeps no peak for the CPU
 
 
 @pytest.mark.skipif(not HAS_SOLUTIONS, reason="this copy of the workbook has no solutions/")
@@ -170,16 +173,16 @@ def test_bench_runs_the_stage_solution_forward_and_backward():
     cases = [Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sinks=True, dtype=F32),
              Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sinks=True, backward=True, dtype=F32)]
     device = "cuda" if runtime.ON_GPU else "cpu"         # the kernels run where the GPU is, if any
-    rows = bench.run("stage9", source="solutions", cases=cases, providers=["solution"], device=device,
-                     timer=lambda fn: 1.0, log=lambda *a, **k: None)
+    rows = measure.run("stage9", source="solutions", cases=cases, providers=["solution"], device=device,
+                       timer=lambda fn: 1.0, log=lambda *a, **k: None)
     assert [(r["note"], r["ms"]) for r in rows] == [("", 1.0), ("", 1.0)]
-    rows = bench.run("stage5", source="solutions", cases=cases[:1], providers=["solution"], device=device,
-                     timer=lambda fn: 1.0, log=lambda *a, **k: None)
+    rows = measure.run("stage5", source="solutions", cases=cases[:1], providers=["solution"], device=device,
+                       timer=lambda fn: 1.0, log=lambda *a, **k: None)
     assert rows[0]["note"] == "n/a: stage5's flash_attention has no window option"
 
 
 def test_flex_masks_follow_each_case_with_one_mask_mod_per_kind():
-    flex = bench.FlexMasks("cpu")
+    flex = providers.FlexMasks("cpu")
     seen = {}
     for nq, nk, w, s in ((40, 40, 4, 0), (40, 40, 11, 0), (30, 50, 7, 0), (50, 30, 5, 3), (40, 40, 9, 2)):
         case = Case(1, 1, nq, nk, 16, causal=True, window=w, sink_tokens=s)
@@ -197,15 +200,15 @@ def test_flex_learned_sinks_correction_matches_the_reference(monkeypatch):
     import torch.nn.attention.flex_attention as fa
     monkeypatch.setattr(fa, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)   # eager flex: no compiler here
     case = Case(2, 4, 64, 80, 16, kv_heads=2, sinks=True, dtype=F32)
-    x = bench.make_inputs(case, "cpu", seed=3)
+    x = cases.make_inputs(case, "cpu", seed=3)
     x.sinks[0], x.sinks[1] = 30.0, -30.0
-    refs = bench._reference(case, x)
+    refs = verify.references(case, x)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        o = bench._flex_with_sinks(x.q, x.k, x.v, x.sinks, None, True)
-        plain = bench._flex_plain(x.q, x.k, x.v, None, True)
-    assert bench._verify({"o": o}, refs, case) is None
-    assert bench._verify({"o": plain}, refs, case).startswith("o: max error")
+        o = providers._flex_with_sinks(x.q, x.k, x.v, x.sinks, None, True)
+        plain = providers._flex_plain(x.q, x.k, x.v, None, True)
+    assert verify.verify({"o": o}, refs, case) is None
+    assert verify.verify({"o": plain}, refs, case).startswith("o: max error")
 
 
 ROWS = [
@@ -226,7 +229,7 @@ ROWS = [
 
 
 def test_table_shows_throughput_ratios_and_notes():
-    text = bench.table(ROWS)
+    text = tables.table(ROWS)
     lines = text.splitlines()
     a = next(line for line in lines if line.startswith("A fwd"))
     assert a.split() == ["A", "fwd", "200.0", "n/a", "100.0", "-", "2.00x"]
@@ -246,16 +249,16 @@ def test_table_shows_throughput_ratios_and_notes():
 
 def test_json_rows_round_trip(tmp_path):
     path = tmp_path / "bench.json"
-    bench.write_json([dict(r, extra="dropped") for r in ROWS], path)
+    tables.write_json([dict(r, extra="dropped") for r in ROWS], path)
     written = json.loads(path.read_text())
-    assert written["rows"] == [{k: r.get(k) for k in bench.JSON_KEYS} for r in ROWS]
-    assert set(bench.JSON_KEYS) >= {"stage", "case", "provider", "ms", "tflops", "peak_mib"}
+    assert written["rows"] == [{k: r.get(k) for k in tables.JSON_KEYS} for r in ROWS]
+    assert set(tables.JSON_KEYS) >= {"stage", "case", "provider", "ms", "tflops", "peak_mib"}
     assert written["torch"] == torch.__version__ and written["device"]
 
 
 def test_the_performance_page_is_generated_from_the_committed_json():
     """docs/performance.md is what `bench report` makes of docs/bench-h100.json: it cannot drift."""
-    from grader import bench_report
+    from grader.bench import report as bench_report
     page = bench_report.render("docs/bench-h100.json")
     assert (ROOT / "docs" / "performance.md").read_text() == page
     meta, rows = bench_report.load(ROOT / "docs" / "bench-h100.json")
@@ -273,29 +276,30 @@ def test_the_performance_page_is_generated_from_the_committed_json():
 def test_plot_writes_a_png_with_a_panel_per_stage(tmp_path):
     import matplotlib.image
     one, two = tmp_path / "one.png", tmp_path / "two.png"
-    bench.plot(ROWS[:6], one)
-    bench.plot(ROWS, two, title="test")
+    chart.plot(ROWS[:6], one)
+    chart.plot(ROWS, two, title="test")
     assert one.read_bytes()[:8] == two.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert matplotlib.image.imread(two).shape[0] > matplotlib.image.imread(one).shape[0]
 
 
 def test_command_line_arguments(capsys):
-    p = bench.parser()
-    assert p.parse_args(["stage5", "--learner"]).learner
-    assert p.parse_args(["all", "--solutions"]).solutions          # the old flag, now the default
-    assert "--solutions" not in p.format_help() and "--learner" in p.format_help()
-    assert bench._stages("all") == list(bench.CASES)
-    assert bench._stages("5,stage7") == ["stage5", "stage7"]
+    assert _parse(["bench", "stage5", "--learner"]).learner
+    assert _parse(["bench", "all", "--solutions"]).solutions          # the old flag, now the default
+    assert cli(["bench", "stage5", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--solutions" not in text and "--learner" in text
+    assert measure._stages("all") == list(cases.CASES)
+    assert measure._stages("5,stage7") == ["stage5", "stage7"]
 
-    assert bench.main(["stage99"]) == 2
+    assert cli(["bench", "stage99"]) == 2
     err = capsys.readouterr().err
-    assert "stage99" in err and all(stage in err for stage in bench.CASES) and "all" in err
-    assert bench.main(["stage5", "--providers", "solution,nope"]) == 2
+    assert "stage99" in err and all(stage in err for stage in cases.CASES) and "all" in err
+    assert cli(["bench", "stage5", "--providers", "solution,nope"]) == 2
     err = capsys.readouterr().err
     assert "--providers" in err and "'nope'" in err and "flex" in err
-    assert bench.main(["stage5", "--rep", "0"]) == 2
+    assert cli(["bench", "stage5", "--rep", "0"]) == 2
     assert "--rep" in capsys.readouterr().err
-    assert bench.main(["stage5", "--learner", "--solutions"]) == 2
+    assert cli(["bench", "stage5", "--learner", "--solutions"]) == 2
     assert "--learner" in capsys.readouterr().err
 
 
@@ -303,7 +307,7 @@ def test_command_line_arguments(capsys):
 @pytest.mark.parametrize("argv", [["stage5"], ["all", "--learner", "--json", "x.json"]])
 def test_without_a_gpu_bench_says_why_and_returns_2(argv, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert bench.main(argv) == 2
+    assert cli(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert "GPU" in err and "python -m grader bench" in err
     assert not (tmp_path / "x.json").exists()

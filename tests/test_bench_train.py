@@ -1,4 +1,4 @@
-"""``python -m grader bench train`` (grader/bench_train.py): what runs without a GPU.
+"""``python -m grader bench train`` (grader/bench/train.py): what runs without a GPU.
 
 The timings themselves need a GPU; here: the command line refuses what it cannot do, the batches
 are the same for every provider, the model trains on the CPU with SDPA, the loss-curve check
@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from grader import bench, bench_train
+from grader.__main__ import main as cli
+from grader.bench import train as bench_train
 from kernels import runtime
 
 
@@ -20,13 +21,13 @@ from kernels import runtime
     (["--steps", "0"], "--steps and --warmup must be at least 1"),
 ])
 def test_bad_arguments(capsys, argv, words):
-    assert bench.main(["train", *argv]) == 2
+    assert cli(["bench", "train", *argv]) == 2
     assert words in capsys.readouterr().err
 
 
 @pytest.mark.skipif(runtime.ON_GPU, reason="checks the message given where no GPU is visible")
 def test_no_gpu_message(capsys):
-    assert bench.main(["train"]) == 2
+    assert cli(["bench", "train"]) == 2
     assert "times training steps on a CUDA GPU" in capsys.readouterr().err
 
 

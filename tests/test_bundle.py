@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
-from grader import bundle, edition, formats, mutants, release, stages
+from grader import formats, stages
 from grader.grade import format_result, grade_stage
+from grader.publishing import bundle, edition, release
+from grader.testing import mutants
 from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from grader import bundle, compare, edition, publish, release, stages
+from grader import stages
 from grader.grade import CheckResult, StageResult
+from grader.publishing import bundle, compare, edition, publish, release
 from kernels.loader import ROOT
 
 quiet = lambda *_: None  # noqa: E731

@@ -7,8 +7,10 @@ bfloat16 and long sequences, where the autotuner picks the tile.
 import pytest
 import torch
 
-from grader import bench
-from kernels import reference, runtime, tolerance
+from grader.bench import measure
+from grader.checks import attention
+from grader.bench.cases import PROVIDERS, Case
+from kernels import runtime
 from kernels.loader import ROOT, load_file
 
 PATH = ROOT / "solutions" / "fast_forward_tma.py"
@@ -29,10 +31,8 @@ def _inputs(b, hq, hkv, nq, nk, d, dtype, seed=0):
 
 
 def _check(o, lse, q, k, v, **mask):
-    ref_o, ref_lse = reference.attention(q, k, v, **mask)
-    base_o, base_lse = reference.attention(q, k, v, compute_dtype=tolerance.baseline_dtype(q.dtype), **mask)
-    for name, out, ref, base in (("o", o, ref_o, base_o), ("lse", lse, ref_lse, base_lse)):
-        report = tolerance.compare(out, ref, base, name=name)
+    # The numbers of the grader's one attention judge: the same references and tolerance.
+    for report in attention.reports(o, lse, attention.references(q, k, v, **mask), what=""):
         assert report.ok, report.message
 
 
@@ -102,20 +102,20 @@ def test_bad_input_names_the_argument(fast, kwargs, error, words):
 
 
 def test_the_bench_times_it_beside_the_solution_and_says_where_it_cannot_go():
-    forward = bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, dtype=torch.float32)
-    cases = [forward, bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, backward=True,
+    forward = Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, dtype=torch.float32)
+    cases = [forward, Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, backward=True,
                                  dtype=torch.float32),
-             bench.Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sink_tokens=2, sinks=True,
+             Case(1, 4, 40, 40, 16, kv_heads=2, causal=True, window=8, sink_tokens=2, sinks=True,
                         dtype=torch.float32),
-             bench.Case(1, 2, 40, 40, 24, dtype=torch.float32)]
+             Case(1, 2, 40, 40, 24, dtype=torch.float32)]
     for stage in ("stage5", "stage6", "stage7", "stage8", "stage9"):
-        assert "solution-tma" in bench.PROVIDERS[stage]
-    rows = bench.run("stage8", cases=cases, providers=["solution-tma"], device=DEVICE, timer=lambda fn: 1.0,
-                     memory=lambda make: None, log=lambda *a, **k: None)
+        assert "solution-tma" in PROVIDERS[stage]
+    rows = measure.run("stage8", cases=cases, providers=["solution-tma"], device=DEVICE, timer=lambda fn: 1.0,
+                       memory=lambda make: None, log=lambda *a, **k: None)
     assert [r["note"] for r in rows] == ["", "", "", "n/a: the TMA variant takes head dims that are powers of two"]
     assert rows[0]["ms"] == rows[1]["ms"] == rows[2]["ms"] == 1.0   # checked against the reference, then timed
-    learner = bench.run("stage7", source="stages", cases=cases[:1], providers=["solution-tma"], device=DEVICE,
-                        timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
+    learner = measure.run("stage7", source="stages", cases=cases[:1], providers=["solution-tma"], device=DEVICE,
+                          timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
     assert learner[0]["note"] == "n/a: the TMA variant is an instructor's file, solutions/fast_forward_tma.py"
 
 

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 import torch
 
-from grader import bench
+from grader.bench import measure
+from grader.bench.cases import PROVIDERS, Case
 from kernels import cuda_build, runtime
 from kernels.loader import ROOT, load_file
 from test_fast_forward import _check  # o and lse against float64, as the forward's tests judge them
@@ -92,14 +93,14 @@ def test_off_hopper_it_says_which_gpu_it_needs(fast):
 
 
 def test_the_bench_lists_it_for_stage4_and_says_where_it_cannot_go():
-    assert "solution-wgmma" in bench.PROVIDERS["stage4"]
-    cases = [bench.Case(1, 2, 64, 64, 72, dtype=torch.float16)]
+    assert "solution-wgmma" in PROVIDERS["stage4"]
+    cases = [Case(1, 2, 64, 64, 72, dtype=torch.float16)]
     quiet = dict(timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
-    learner = bench.run("stage4", source="stages", cases=cases, providers=["solution-wgmma"], device=DEVICE, **quiet)
+    learner = measure.run("stage4", source="stages", cases=cases, providers=["solution-wgmma"], device=DEVICE, **quiet)
     assert learner[0]["note"] == ("n/a: the wgmma variant is an instructor's file, "
                                   "solutions/fast_variable_block_wgmma.py")
     if not ON_HOPPER:
-        rows = bench.run("stage4", cases=cases, providers=["solution-wgmma"], device=DEVICE, **quiet)
+        rows = measure.run("stage4", cases=cases, providers=["solution-wgmma"], device=DEVICE, **quiet)
         assert rows[0]["note"] == "n/a: the wgmma variant runs on sm_90 GPUs (H100, H200) only"
 
 

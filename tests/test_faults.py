@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from grader import mutants, sanitize, stages
+from grader import sanitize, stages
 from grader.grade import grade_stage
 from grader.limits import Limits
+from grader.testing import mutants
 from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")

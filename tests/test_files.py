@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from grader import files, release, sandbox
+from grader import files, sandbox
+from grader.publishing import release
 
 
 def test_plain_files_are_read_and_nothing_else(tmp_path):

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from grader import release, stages
+from grader import stages
 from grader.grade import grade_stage
-from grader.mutants import copy_solution
+from grader.publishing import release
+from grader.testing.mutants import copy_solution
 from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")

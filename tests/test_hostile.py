@@ -503,7 +503,7 @@ def test_the_autograder_path_holds_too(mechanism):
     why = sandbox.probe(mechanism)
     if why:
         pytest.skip(f"isolation {mechanism!r} is not available here: {why}")
-    from grader import bundle
+    from grader.publishing import bundle
     home = Path(tempfile.mkdtemp(prefix="autograder-"))
     try:
         os.chmod(home, 0o755)

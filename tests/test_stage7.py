@@ -1,3 +1,3 @@
-from grader.pytest_bridge import stage_tests
+from grader.testing.pytest_bridge import stage_tests
 
 test_check = stage_tests("stage7")

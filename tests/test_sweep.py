@@ -4,7 +4,7 @@
 """
 
 from grader import stages
-from grader.sweep import sweep
+from grader.testing.sweep import sweep
 
 MARGIN = 0.8     # the reference's error stays below 80 % of what a check allows
 
@@ -28,7 +28,7 @@ def test_stage3_padded_head_dims_pass_the_seed_that_once_failed():
 
 
 def test_a_parallel_sweep_finds_what_a_serial_one_does():
-    from grader.sweep import sweep_parallel
+    from grader.testing.sweep import sweep_parallel
     stage = stages.find("stage1")
     serial = sweep(stage, range(2), only=["attention_lse_and_scale", "softmax_float16"])
     parallel = sweep_parallel(stage, range(2), jobs=2, only=["attention_lse_and_scale", "softmax_float16"])

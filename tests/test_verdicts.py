@@ -4,8 +4,9 @@ import re
 
 import pytest
 
-from grader import holes, release, stages
+from grader import holes, stages
 from grader.grade import format_result, grade_stage
+from grader.publishing import release
 from kernels.loader import ROOT
 
 STAGE1, STAGE3 = stages.find("stage1"), stages.find("stage3")
@@ -203,7 +204,8 @@ def test_notebooks_get_the_graders_diagnosis(tmp_path):
 
     import torch
 
-    from grader import diagnose, mutants
+    from grader import diagnose
+    from grader.testing import mutants
     from kernels import loader
     stage = stages.find("stage5")
     spec = importlib.util.spec_from_file_location("wrong5", ROOT / "tests" / "wrong" / "stage5.py")

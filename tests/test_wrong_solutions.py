@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from grader import mutants, stages
+from grader import stages
 from grader.grade import grade_stage
+from grader.testing import mutants
 from kernels import runtime
 
 WRONG = Path(__file__).parent / "wrong"

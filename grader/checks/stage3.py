@@ -13,8 +13,8 @@ import math
 import torch
 
 from grader.check import check
-from kernels import reference, runtime, tolerance
-
+from grader.checks.attention import attend
+from kernels import runtime
 
 
 def _describe(q, k, v, block_m, block_n) -> str:
@@ -36,37 +36,16 @@ def _describe(q, k, v, block_m, block_n) -> str:
     return "(" + ", ".join(parts) + ("; " + ", ".join(notes) if notes else "") + ")"
 
 
-def _baseline(q, k, v, sm_scale):
-    """Plain PyTorch in q's dtype (TF32 matmuls for float32 on a GPU): the error it makes sets the tolerance."""
-    return reference.attention(q, k, v, sm_scale=sm_scale, compute_dtype=tolerance.baseline_dtype(q.dtype))
-
-
 def _attention_close(ctx, q, k, v, *, sm_scale=None, block_m=None, block_n=None, ref_device=None, what=""):
     """Run the learner's flash_attention and judge o and lse against the float64 reference.
 
-    The allowed error is twice what plain PyTorch makes in q's dtype (see ``_baseline``).
-    ``ref_device`` is where the reference is computed: the GPU for real sizes, else the CPU.
+    The allowed error is twice what plain PyTorch makes in q's dtype (TF32 matmuls for float32 on a
+    GPU).  ``ref_device`` is where the reference is computed: the GPU for real sizes, else the CPU.
     """
-    kwargs = {}
-    if sm_scale is not None:
-        kwargs["sm_scale"] = sm_scale
-    if block_m is not None:
-        kwargs["block_m"] = block_m
-    if block_n is not None:
-        kwargs["block_n"] = block_n
-    out = ctx.learner.flash_attention(q, k, v, **kwargs)
+    scale = {"sm_scale": sm_scale} if sm_scale is not None else {}     # else the learner's default
     label = (what + " " if what else "") + _describe(q, k, v, block_m, block_n)
-    ctx.expect(isinstance(out, tuple) and len(out) == 2,
-               f"flash_attention {label} must return a tuple (o, lse), got {type(out).__name__}")
-    o, lse = out
-    ctx.expect_dtype(o, q.dtype, name=f"o {label} (o comes back in q's dtype)")
-    ctx.expect_dtype(lse, torch.float32, name=f"lse {label} (lse is always float32)")
-    dev = ref_device or torch.device("cpu")
-    qd, kd, vd = q.to(dev), k.to(dev), v.to(dev)
-    o_ref, lse_ref = reference.attention(qd, kd, vd, sm_scale=sm_scale)
-    o_pt, lse_pt = _baseline(qd, kd, vd, sm_scale)
-    ctx.close_attention(o, lse, q, k, v, refs=(o_ref, lse_ref, o_pt, lse_pt), opts={"sm_scale": sm_scale},
-                        what=label, block_m=block_m, block_n=block_n)
+    attend(ctx, q, k, v, what=label, block_m=block_m, block_n=block_n, device=ref_device or torch.device("cpu"),
+           **scale)
 
 
 def _qkv(ctx, b, h, nq, nk, d, dtype=torch.float32):

@@ -11,8 +11,9 @@ import concurrent.futures
 import torch
 
 from grader.check import check
-from grader.checks.masked_attention import empty_rows, label, needed_tiles
-from kernels import cuda_build, loader, reference, tolerance
+from grader.checks.attention import attend, label
+from grader.checks.masked_attention import needed_tiles
+from kernels import cuda_build, loader
 
 HEAD_DIMS = range(8, 257, 8)
 KERNEL_HEAD_DIMS = (40, 48, 72, 96, 104, 160, 200, 256)
@@ -45,34 +46,12 @@ def _tiles_bytes(plan: dict, itemsize: int = 2) -> int:
 def _judge(ctx, fn, q, k, v, *, causal=False, sm_scale=None, block_m=None, block_n=None, num_warps=None,
            what_extra=""):
     """Call the learner's ``fn`` (flash_attention or emulate_attention) and judge (o, lse) against float64."""
-    kwargs = {"causal": causal}
-    if sm_scale is not None:
-        kwargs["sm_scale"] = sm_scale
-    if block_m is not None:
-        kwargs["block_m"] = block_m
-    if block_n is not None:
-        kwargs["block_n"] = block_n
+    scale = {"sm_scale": sm_scale} if sm_scale is not None else {}
     if num_warps is not None:
-        kwargs["num_warps"] = num_warps
         what_extra += f", {num_warps} warps"
     what = label(q, k, causal=causal, block_m=block_m, block_n=block_n)[:-1] + f", D={q.shape[-1]}{what_extra})"
-    out = getattr(ctx.learner, fn)(q, k, v, **kwargs)
-    ctx.expect(isinstance(out, tuple) and len(out) == 2, f"{fn}{what} must return the pair (o, lse)")
-    o, lse = out
-    ctx.expect_dtype(o, q.dtype, name=f"o {what}")
-    ctx.expect_dtype(lse, torch.float32, name=f"lse {what}")
-    empty = empty_rows(q.shape[2], k.shape[2], causal=causal)
-    if bool(empty.any()) and isinstance(o, torch.Tensor) and tuple(o.shape) == tuple(q.shape):
-        n_nan = int(torch.isnan(o[:, :, empty]).sum())
-        if n_nan:
-            ctx.fail(f"o {what}: {int(empty.sum())} rows see no key (causal, Nq > Nk) and their o has {n_nan} NaN; "
-                     "expected 0.  Such a row keeps m = -inf and l = 0: subtract 0 while m is -inf, and write 0 "
-                     "where l is 0", diagnosis="nan_empty_rows")
-    o_ref, lse_ref = reference.attention(q, k, v, causal=causal, sm_scale=sm_scale)
-    o_pt, lse_pt = reference.attention(q, k, v, causal=causal, sm_scale=sm_scale,
-                                       compute_dtype=tolerance.baseline_dtype(q.dtype))
-    ctx.close_attention(o, lse, q, k, v, refs=(o_ref, lse_ref, o_pt, lse_pt),
-                        opts={"causal": causal, "sm_scale": sm_scale}, what=what, block_m=block_m, block_n=block_n)
+    attend(ctx, q, k, v, fn=fn, what=what, block_m=block_m, block_n=block_n, num_warps=num_warps, causal=causal,
+           **scale)
 
 
 # ---- the plan ------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from grader.check import check
-from grader.checks.masked_attention import attention, expect_visits_exact, needed_tiles, visits
+from grader.checks.attention import attend
+from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
 CAUSAL = dict(causal=True)
 
 
@@ -15,7 +16,7 @@ def causal_square(ctx):
     """Causal attention with Nq = Nk of 1, 17, 127, 128 and 129 (partial blocks at the edges)."""
     for n in (1, 17, 127, 128, 129):
         q, k, v = (ctx.randn(1, 2, n, 32) for _ in range(3))
-        attention(ctx, q, k, v, block_m=32, block_n=32, **CAUSAL)
+        attend(ctx, q, k, v, block_m=32, block_n=32, **CAUSAL)
 
 
 @check(points=2, hint="bottom-right alignment: row i sees keys j <= i + (Nk - Nq), so the last query sees "
@@ -26,7 +27,7 @@ def causal_bottom_right(ctx):
                            (200, 64, 32, 32), (100, 37, 16, 16)):
         q = ctx.randn(1, 2, nq, 32)
         k, v = ctx.randn(1, 2, nk, 32), ctx.randn(1, 2, nk, 32)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
 
 
 @check(points=2, hint="with block_m != block_n a row can be fully masked inside a tile: its row max there is "
@@ -37,7 +38,7 @@ def causal_asymmetric_blocks(ctx):
                            (100, 160, 16, 64), (160, 100, 128, 32), (90, 130, 32, 128)):
         q = ctx.randn(1, 2, nq, 32, scale=2.0)
         k, v = ctx.randn(1, 2, nk, 32), ctx.randn(1, 2, nk, 32)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
 
 
 @check(points=2, hint="a row that sees no key keeps m = -inf and l = 0 to the end: o = acc / 1 = 0, "
@@ -47,7 +48,7 @@ def rows_that_see_no_key(ctx):
     for nq, nk, bm, bn in ((150, 40, 32, 16), (150, 40, 16, 64), (70, 3, 16, 16)):
         q = ctx.randn(2, 1, nq, 16)
         k, v = ctx.randn(2, 1, nk, 16), ctx.randn(2, 1, nk, 16)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
 
 
 @check(points=1, hint="cast p to v's dtype before tl.dot; keep m, l and acc in float32")
@@ -55,7 +56,7 @@ def causal_float16_head_dims(ctx):
     """float16 inputs, head dims 16, 48 (padded to 64) and 64, a custom sm_scale, default tiles."""
     for d, n, scale in ((16, 129, None), (48, 127, 0.2), (64, 100, None)):
         q, k, v = (ctx.randn(1, 2, n, d, dtype=torch.float16) for _ in range(3))
-        attention(ctx, q, k, v, sm_scale=scale, **CAUSAL)
+        attend(ctx, q, k, v, sm_scale=scale, **CAUSAL)
 
 
 @check(points=1, hint="causal=False is stage 3's attention: every key visible, only keys past N_K masked")
@@ -63,10 +64,10 @@ def non_causal_unchanged(ctx):
     """causal=False still works (Nq != Nk both ways, float16), and non-contiguous inputs work either way."""
     q = ctx.randn(2, 129, 2, 32, dtype=torch.float16).transpose(1, 2)
     k, v = (ctx.randn(2, 17, 2, 32, dtype=torch.float16).transpose(1, 2) for _ in range(2))
-    attention(ctx, q, k, v, block_m=32, block_n=16)
-    attention(ctx, k, q, q, block_m=16, block_n=32)
+    attend(ctx, q, k, v, block_m=32, block_n=16)
+    attend(ctx, k, q, q, block_m=16, block_n=32)
     q, k, v = (ctx.randn(1, 2, n, 32).transpose(1, 2).contiguous().transpose(1, 2) for n in (65, 65, 65))
-    attention(ctx, q, k, v, block_m=16, block_n=64, **CAUSAL)
+    attend(ctx, q, k, v, block_m=16, block_n=64, **CAUSAL)
 
 
 @check(points=2, hint="blocks above the diagonal hold no visible key: stop the loop at "
@@ -110,7 +111,7 @@ def gpu_causal_real_sizes(ctx):
                                 (1, 2, 2048, 1000, 64)):
             q = ctx.randn(b, h, nq, d, dtype=dtype)
             k, v = ctx.randn(b, h, nk, d, dtype=dtype), ctx.randn(b, h, nk, d, dtype=dtype)
-            attention(ctx, q, k, v, **CAUSAL)
+            attend(ctx, q, k, v, **CAUSAL)
 
 
 @check(points=1, gpu=True, hint="rows fully masked inside a tile: subtract the running max made safe, never "
@@ -120,7 +121,7 @@ def gpu_asymmetric_blocks_and_skipping(ctx):
     for nq, nk, bm, bn in ((1023, 1023, 128, 32), (1023, 1023, 32, 128), (1500, 700, 64, 128)):
         q = ctx.randn(1, 4, nq, 64, dtype=torch.bfloat16)
         k, v = ctx.randn(1, 4, nk, 64, dtype=torch.bfloat16), ctx.randn(1, 4, nk, 64, dtype=torch.bfloat16)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
         expect_visits_exact(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
     tiles = needed_tiles(4096, 4096, 128, 64, causal=True)
     q, k, v = (ctx.randn(1, 1, 4096, 64, dtype=torch.float16) for _ in range(3))

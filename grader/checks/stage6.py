@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from grader.check import check
-from grader.checks.masked_attention import attention, expect_visits_exact
+from grader.checks.attention import attend
+from grader.checks.masked_attention import expect_visits_exact
 
 GROUP_HINT = ("query head h reads K/V head h // (Hq // Hkv): heads 0..g-1 share K/V head 0, the next g "
               "share head 1 (not h % Hkv, which interleaves them)")
@@ -21,9 +22,9 @@ def gqa_groups(ctx):
     """Hq = 8 with Hkv = 8 (MHA), 4, 2 and 1 (groups of 1, 2, 4, 8), causal and not."""
     for hkv in (8, 4, 2, 1):
         q, k, v = _heads(ctx, 1, 8, hkv, 65, 65, 16)
-        attention(ctx, q, k, v, block_m=32, block_n=32, causal=True)
+        attend(ctx, q, k, v, block_m=32, block_n=32, causal=True)
         q, k, v = _heads(ctx, 1, 8, hkv, 40, 33, 16)
-        attention(ctx, q, k, v, block_m=32, block_n=32)
+        attend(ctx, q, k, v, block_m=32, block_n=32)
 
 
 @check(points=1, hint=GROUP_HINT + "; with Hkv = 1 every query head reads K/V head 0")
@@ -31,7 +32,7 @@ def mqa(ctx):
     """Multi-query attention (Hkv = 1) with 6 query heads, Nq != Nk both ways, float16."""
     for nq, nk in ((17, 129), (129, 17)):
         q, k, v = _heads(ctx, 1, 6, 1, nq, nk, 32, dtype=torch.float16)
-        attention(ctx, q, k, v, block_m=16, block_n=32, causal=True)
+        attend(ctx, q, k, v, block_m=16, block_n=32, causal=True)
 
 
 @check(points=1, hint="index K and V by (b, K/V head) with k's and v's own strides; the batch index comes "
@@ -41,8 +42,8 @@ def gqa_batches_and_strides(ctx):
     q = ctx.randn(3, 50, 6, 32).transpose(1, 2)                            # (B, N, H, D) memory
     k = ctx.randn(3, 2, 32, 70).transpose(2, 3)                            # (B, H, D, N) memory
     v = ctx.randn(70, 3, 2, 32).permute(1, 2, 0, 3)                        # (N, B, H, D) memory
-    attention(ctx, q, k, v, block_m=16, block_n=16, causal=True)
-    attention(ctx, q, k, v, block_m=32, block_n=16)
+    attend(ctx, q, k, v, block_m=16, block_n=16, causal=True)
+    attend(ctx, q, k, v, block_m=32, block_n=16)
 
 
 @check(points=2, hint="stage 5's rules hold per query head: bottom-right alignment, safe max, l = 0 rows "
@@ -51,7 +52,7 @@ def gqa_causal_edge_cases(ctx):
     """Stage 5 still holds under GQA: Nq > Nk (rows with no key), asymmetric tiles, lengths 1 and 129."""
     for nq, nk, bm, bn in ((150, 40, 32, 16), (129, 129, 128, 32), (1, 129, 16, 64), (129, 1, 16, 16)):
         q, k, v = _heads(ctx, 1, 4, 2, nq, nk, 16)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, causal=True)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, causal=True)
 
 
 @check(points=1, hint="one program per (batch, query head) and query block: the grid is "
@@ -81,4 +82,4 @@ def gpu_gqa_real_sizes(ctx):
                                               (1, 16, 1, 2048, 2048, 128, True), (1, 8, 2, 1000, 2048, 64, True),
                                               (2, 8, 2, 2048, 1000, 128, True)):
             q, k, v = _heads(ctx, b, hq, hkv, nq, nk, d, dtype=dtype)
-            attention(ctx, q, k, v, causal=causal)
+            attend(ctx, q, k, v, causal=causal)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from grader.check import check
-from grader.checks.masked_attention import attention, expect_visits_exact, needed_tiles, visits
+from grader.checks.attention import attend
+from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
 
 WINDOW_HINT = "row i sees key j iff i' - W < j <= i' with i' = i + (Nk - Nq): exactly W keys, its own included"
 
@@ -20,7 +21,7 @@ def window_sizes(ctx):
     """N = 129 with windows 1, 2, 16, 40, 128, 129 and 500 (longer than the sequence)."""
     q, k, v = _qkv(ctx, 1, 2, 2, 129, 129, 16)
     for w in (1, 2, 16, 40, 128, 129, 500):
-        attention(ctx, q, k, v, block_m=32, block_n=32, causal=True, window=w)
+        attend(ctx, q, k, v, block_m=32, block_n=32, causal=True, window=w)
 
 
 @check(points=1, hint=WINDOW_HINT)
@@ -29,7 +30,7 @@ def window_short_sequences(ctx):
     for n in (1, 17, 127, 128):
         q, k, v = _qkv(ctx, 1, 1, 1, n, n, 16)
         for w in (1, 5, 64):
-            attention(ctx, q, k, v, block_m=32, block_n=32, causal=True, window=w)
+            attend(ctx, q, k, v, block_m=32, block_n=32, causal=True, window=w)
 
 
 @check(points=2, hint="the window is aligned with the diagonal, bottom-right: it ends at i' = i + (Nk - Nq), "
@@ -39,7 +40,7 @@ def window_bottom_right(ctx):
     for nq, nk, w, bm, bn in ((17, 129, 5, 16, 32), (129, 17, 3, 32, 16), (100, 37, 20, 16, 16),
                               (1, 100, 7, 16, 16), (60, 200, 150, 32, 32)):
         q, k, v = _qkv(ctx, 1, 2, 2, nq, nk, 16)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w)
 
 
 @check(points=2, hint="rows of one query block start their windows at different keys: a row can meet its "
@@ -48,7 +49,7 @@ def window_asymmetric_blocks(ctx):
     """Tiles of 128x32, 32x128, 16x64 and 64x16 with windows 1, 20 and 70: no NaN, no lost key."""
     for bm, bn, w in ((128, 32, 20), (32, 128, 70), (16, 64, 1), (64, 16, 20), (128, 32, 1), (64, 16, 70)):
         q, k, v = _qkv(ctx, 1, 1, 1, 140, 140, 16)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w)
 
 
 @check(points=1, hint="the window composes with GQA and the causal features of stage 5 and 6; keep p in "
@@ -57,10 +58,10 @@ def window_gqa_float16(ctx):
     """float16 with GQA (Hq = 4, Hkv = 2), head dim 48, and a window, causal rows with no key (Nq > Nk)."""
     q, k, v = _qkv(ctx, 1, 4, 2, 130, 90, 48, dtype=torch.float16)
     for w in (10, 64):
-        attention(ctx, q, k, v, block_m=32, block_n=16, causal=True, window=w)
+        attend(ctx, q, k, v, block_m=32, block_n=16, causal=True, window=w)
     q, k, v = _qkv(ctx, 1, 4, 1, 100, 100, 32, dtype=torch.float16)
-    attention(ctx, q, k, v, causal=True)                                     # window=None: plain causal
-    attention(ctx, q, k, v)
+    attend(ctx, q, k, v, causal=True)                                     # window=None: plain causal
+    attend(ctx, q, k, v)
 
 
 @check(points=2, hint="start the loop at the block holding key start_m + (Nk - Nq) - W + 1 (rounded down), "
@@ -103,7 +104,7 @@ def gpu_window_real_sizes(ctx):
                                          (2, 8, 8, 1023, 1023, 64, 1000), (1, 8, 2, 2048, 2048, 128, 4096),
                                          (1, 8, 2, 1000, 2048, 128, 300), (1, 8, 2, 2048, 1000, 64, 300)):
             q, k, v = _qkv(ctx, b, hq, hkv, nq, nk, d, dtype=dtype)
-            attention(ctx, q, k, v, causal=True, window=w)
+            attend(ctx, q, k, v, causal=True, window=w)
 
 
 @check(points=1, gpu=True, hint="start the loop at the first key block inside the window, not at block 0")

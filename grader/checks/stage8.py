@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from grader.check import check
-from grader.checks.masked_attention import attention, expect_visits_exact, needed_tiles, visits
+from grader.checks.attention import attend
+from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
 
 TOKENS_HINT = ("keys j < sink_tokens stay visible whatever the window (but never past the row's diagonal): "
                "visit their blocks as a range of their own, masked, that stops where the window's range starts")
@@ -31,7 +32,7 @@ def sink_tokens_with_window(ctx):
     q, k, v = _qkv(ctx, 1, 2, 2, 129, 129, 16)
     for w, s, bm, bn in ((1, 1, 32, 32), (16, 4, 32, 32), (64, 4, 16, 64), (1, 40, 32, 32), (16, 40, 64, 16),
                          (64, 40, 16, 16)):
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w, sink_tokens=s)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w, sink_tokens=s)
 
 
 @check(points=1, hint="sink tokens only widen a window: without one, causal attention sees them anyway, and "
@@ -40,12 +41,12 @@ def sink_tokens_edge_cases(ctx):
     """sink_tokens 0, 1 and 4 without a window, 0 with one, more sink tokens than keys, and N = 1 and 17."""
     q, k, v = _qkv(ctx, 1, 2, 1, 100, 100, 16)
     for s in (0, 1, 4):
-        attention(ctx, q, k, v, block_m=32, block_n=32, causal=True, sink_tokens=s)
-    attention(ctx, q, k, v, block_m=32, block_n=32, causal=True, window=8, sink_tokens=0)
-    attention(ctx, q, k, v, block_m=32, block_n=32, causal=True, window=8, sink_tokens=500)
+        attend(ctx, q, k, v, block_m=32, block_n=32, causal=True, sink_tokens=s)
+    attend(ctx, q, k, v, block_m=32, block_n=32, causal=True, window=8, sink_tokens=0)
+    attend(ctx, q, k, v, block_m=32, block_n=32, causal=True, window=8, sink_tokens=500)
     for n in (1, 17):
         q, k, v = _qkv(ctx, 1, 1, 1, n, n, 16)
-        attention(ctx, q, k, v, block_m=16, block_n=16, causal=True, window=2, sink_tokens=4)
+        attend(ctx, q, k, v, block_m=16, block_n=16, causal=True, window=2, sink_tokens=4)
 
 
 @check(points=1, hint="sink tokens are visible only causally: with Nq > Nk the first rows still see no key, "
@@ -55,7 +56,7 @@ def sink_tokens_bottom_right(ctx):
     for nq, nk, w, s, bm, bn in ((17, 129, 5, 4, 16, 32), (129, 17, 3, 4, 32, 16), (60, 200, 20, 40, 16, 64),
                                  (200, 60, 10, 4, 128, 32)):
         q, k, v = _qkv(ctx, 1, 2, 2, nq, nk, 16)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w, sink_tokens=s)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w, sink_tokens=s)
 
 
 @check(points=2, hint="visit only the sink tokens' own blocks, [0, cdiv(S, block_n) * block_n) and not past "
@@ -83,9 +84,9 @@ def learned_sinks(ctx):
     for nq, nk, causal in ((129, 129, False), (100, 150, True), (17, 129, False)):
         q, k, v = _qkv(ctx, 1, 6, 2, nq, nk, 16)
         sinks = _sinks(ctx, 6)
-        attention(ctx, q, k, v, block_m=32, block_n=32, causal=causal, sinks=sinks)
+        attend(ctx, q, k, v, block_m=32, block_n=32, causal=causal, sinks=sinks)
     q, k, v = _qkv(ctx, 1, 4, 4, 64, 64, 16, dtype=torch.float16)
-    attention(ctx, q, k, v, block_m=16, block_n=32, causal=True, sinks=_sinks(ctx, 4, low=-3.0, high=3.0))
+    attend(ctx, q, k, v, block_m=16, block_n=32, causal=True, sinks=_sinks(ctx, 4, low=-3.0, high=3.0))
 
 
 @check(points=1, hint="with a learned sink every row starts at m = sinks[h] * log2(e), l = 1: a row that sees "
@@ -94,7 +95,7 @@ def learned_sinks_rows_that_see_no_key(ctx):
     """Nq > Nk causal with learned sinks: rows that see no key give o = 0 and lse = sinks[h], never NaN."""
     for nq, nk, bm, bn in ((150, 40, 32, 16), (70, 3, 16, 64)):
         q, k, v = _qkv(ctx, 2, 4, 2, nq, nk, 16)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, sinks=_sinks(ctx, 4))
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, sinks=_sinks(ctx, 4))
 
 
 @check(points=2, hint="the complete forward: every feature at once; the usual suspect is a range of key blocks "
@@ -105,7 +106,7 @@ def everything_together(ctx):
                                              (torch.float32, (90, 130, 24, 40, 16, 64, 32)),
                                              (torch.float16, (129, 129, 1, 1, 128, 32, 64))):
         q, k, v = _qkv(ctx, 1, 4, 2, nq, nk, d, dtype=dtype)
-        attention(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w, sink_tokens=s, sinks=_sinks(ctx, 4))
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, causal=True, window=w, sink_tokens=s, sinks=_sinks(ctx, 4))
 
 
 @check(points=1, validation=True)
@@ -136,7 +137,7 @@ def gpu_sinks_real_sizes(ctx):
             q, k, v = _qkv(ctx, b, hq, hkv, nq, nk, d, dtype=dtype)
             if opts.get("sinks"):
                 opts = dict(opts, sinks=_sinks(ctx, hq))
-            attention(ctx, q, k, v, **opts)
+            attend(ctx, q, k, v, **opts)
 
 
 @check(points=1, gpu=True, hint=TOKENS_HINT)

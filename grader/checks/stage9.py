@@ -4,9 +4,10 @@ Part 1's ``tiled_attention_backward`` is a plain function: the checks hand it th
 ``o`` and ``lse`` and judge the gradients it returns.  Part 2's kernels are judged through
 ``attention``: your code runs in a worker process and autograd graphs cannot cross processes,
 so the grader's helper ``gradients`` (grader/harness.py) runs ``attention(...)`` forward and
-``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the grader's process, the same gradients come from autograd through ``kernels.reference.attention``:
-in float64 (the answer) and in the input's dtype (how much error PyTorch itself makes, for the
-tolerance rule: gradients may err 3x as much).
+``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the grader's
+process, the same gradients come from ``kernels.reference.attention_grads``: in float64 (the
+answer) and in the input's dtype (how much error PyTorch itself makes, for the tolerance rule:
+gradients may err 3x as much).
 
 On a GPU, a float32 ``tl.dot`` runs in TF32, an error autograd cannot reproduce; so there the
 checks that run everywhere use float16, and GPU-only checks add bfloat16 at real sizes.
@@ -23,16 +24,6 @@ Q_DIMS = ("b", "h", "i", "d")
 KV_DIMS = ("b", "h_kv", "j", "d")
 DTYPE = runtime.pick(cpu=torch.float32, gpu=torch.float16)
 DQ_BLOCK = runtime.pick(cpu=64, gpu=128)        # the solution's dQ query block, for naming tiles
-
-
-def _reference_grads(q, k, v, do, *, sinks, compute_dtype, **opts):
-    """(o, dq, dk, dv, dsinks) by autograd through the reference, computed in ``compute_dtype``."""
-    leaf_dtype = torch.float64 if compute_dtype == torch.float64 else q.dtype
-    q, k, v = (t.detach().to(leaf_dtype).requires_grad_(True) for t in (q, k, v))
-    s = sinks.detach().clone().requires_grad_(True) if sinks is not None else None
-    o, _ = reference.attention(q, k, v, sinks=s, compute_dtype=compute_dtype, **opts)
-    o.backward(do.to(o.dtype))
-    return o.detach(), q.grad, k.grad, v.grad, (s.grad if s is not None else None)
 
 
 def _inputs(ctx, b, hq, hkv, nq, nk, d, *, dtype=DTYPE):
@@ -57,17 +48,16 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
         got = (None, *grads)
     else:
         got = getattr(ctx.learner, attend)(q, k, v, do, sinks=sinks, _harness="gradients", **opts)
-    ref = _reference_grads(q, k, v, do, sinks=sinks, compute_dtype=torch.float64, **opts)
-    base = _reference_grads(q, k, v, do, sinks=sinks, compute_dtype=tolerance.baseline_dtype(q.dtype), **opts)
+    ref = reference.attention_grads(q, k, v, do, sinks=sinks, **opts)
+    base = reference.attention_grads(q, k, v, do, sinks=sinks, compute_dtype=tolerance.baseline_dtype(q.dtype),
+                                     **opts)
     o, dq, dk, dv, dsinks = got
     if o is not None:
         ctx.close(o, ref[0], base[0], name=f"o {label}", dims=Q_DIMS, row_dim=2, block_m=DQ_BLOCK)
     block_m = tiled[0] if tiled is not None else DQ_BLOCK
     for name, x, dtype in (("dq", dq, q.dtype), ("dk", dk, k.dtype), ("dv", dv, v.dtype)):
         ctx.expect_dtype(x, dtype, name=f"{name} {label}")
-    # One floor for the three gradients, from the largest of them: where a gradient is exactly zero
-    # in exact arithmetic (dk with a window of 1: each p is exactly 1), float32 rounding is all that is left.
-    floor = 4 * torch.finfo(torch.float32).eps * (1.0 + max(float(g.abs().max()) for g in ref[1:4]))
+    floor, factor = tolerance.gradient_floor(*ref[1:4]), tolerance.GRADIENT_FACTOR
     if sinks is None:
         ctx.expect(dsinks is None, f"dsinks {label}: without learned sinks there is no sink gradient; "
                                    f"expected None, got {type(dsinks).__name__}")
@@ -80,17 +70,17 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
     def explain(_allowed):
         """The likely mistake, from all the gradients at once (grader.diagnose.gradients)."""
         from grader import diagnose
-        allowed = {n: tolerance.compare(x, ref[i], base[i], name=n, factor=3.0, floor=fl).allowed
+        allowed = {n: tolerance.compare(x, ref[i], base[i], name=n, factor=factor, floor=fl).allowed
                    for n, (x, i, fl) in judged.items()}
         return diagnose.gradients({n: x for n, (x, _, _) in judged.items()}, q, k, v, do,
                                   dict(opts, sinks=sinks), allowed=allowed)
 
-    ctx.close(dv, ref[3], base[3], name=f"dv {label}", factor=3.0, floor=floor, dims=KV_DIMS, explain=explain)
-    ctx.close(dk, ref[2], base[2], name=f"dk {label}", factor=3.0, floor=floor, dims=KV_DIMS, explain=explain)
-    ctx.close(dq, ref[1], base[1], name=f"dq {label}", factor=3.0, floor=floor, dims=Q_DIMS, row_dim=2,
+    ctx.close(dv, ref[3], base[3], name=f"dv {label}", factor=factor, floor=floor, dims=KV_DIMS, explain=explain)
+    ctx.close(dk, ref[2], base[2], name=f"dk {label}", factor=factor, floor=floor, dims=KV_DIMS, explain=explain)
+    ctx.close(dq, ref[1], base[1], name=f"dq {label}", factor=factor, floor=floor, dims=Q_DIMS, row_dim=2,
               block_m=block_m, explain=explain)
     if sinks is not None:
-        ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=3.0, dims=("h",), explain=explain)
+        ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=factor, dims=("h",), explain=explain)
     return got
 
 
@@ -167,7 +157,8 @@ def mha_gradients(ctx):
     """No mask, one KV head per query head: Nq = Nk, Nq != Nk, one query, a custom sm_scale, strided inputs."""
     for (b, h, nq, nk, d, scale) in ((2, 2, 40, 40, 32, None), (1, 2, 1, 33, 16, None), (1, 2, 70, 45, 32, 0.3)):
         q, k, v, do = _inputs(ctx, b, h, h, nq, nk, d)
-        _grads_close(ctx, q, k, v, do, sm_scale=scale, label=f"(B={b}, H={h}, Nq={nq}, Nk={nk}, D={d}, sm_scale={scale})")
+        _grads_close(ctx, q, k, v, do, sm_scale=scale,
+                     label=f"(B={b}, H={h}, Nq={nq}, Nk={nk}, D={d}, sm_scale={scale})")
     # (B, N, H, D) memory viewed as (B, H, N, D): the kernels must follow the strides.
     q, k, v, do = (ctx.randn(1, n, 2, 32, dtype=DTYPE).transpose(1, 2) for n in (50, 37, 37, 50))
     _grads_close(ctx, q, k, v, do, label="(non-contiguous q, k, v and dO)")

@@ -1,6 +1,6 @@
 """Wrong stage 1 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("softmax_no_rescale", "adds each block's exponentials without rescaling the old sum",

@@ -1,6 +1,6 @@
 """Wrong stage 2 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("wrs_no_column_mask", "masks the rows but not the columns, so the last block reads past each row",

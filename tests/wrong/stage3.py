@@ -1,6 +1,6 @@
 """Wrong stage 3 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("acc_not_rescaled", "rescales l but not acc when the running max grows",

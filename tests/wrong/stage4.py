@@ -1,6 +1,6 @@
 """Wrong stage 4 solutions the checks must reject: in the plan, the emulation and the CUDA kernel."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     # -- the plan

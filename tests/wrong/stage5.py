@@ -1,6 +1,6 @@
 """Wrong stage 5 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("top_left_alignment", "aligns the diagonal top-left (query i sees keys j <= i) when Nq != Nk",

@@ -1,6 +1,6 @@
 """Wrong stage 6 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("heads_interleaved", "maps query head h to K/V head h % Hkv, interleaving the groups instead of "

@@ -1,6 +1,6 @@
 """Wrong stage 7 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("window_off_by_one", "keeps W + 1 keys: j >= i' - W instead of j > i' - W",

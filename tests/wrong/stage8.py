@@ -1,6 +1,6 @@
 """Wrong stage 8 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("sink_tokens_masked_out", "loads the sink tokens' blocks but lets the window's mask hide them",

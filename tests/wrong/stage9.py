@@ -1,6 +1,6 @@
 """Wrong stage 9 solutions the checks must reject."""
 
-from grader.mutants import Mutant
+from grader.testing.mutants import Mutant
 
 MUTANTS = [
     # Part 1: the backward in PyTorch (TODO 9a).

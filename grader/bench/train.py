@@ -22,7 +22,6 @@ the loss falls quickly once attention learns to copy, and a wrong attention show
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -158,7 +157,7 @@ def _workbook_attend():
 
 def _flex_attend(size: Size, device):
     from torch.nn.attention.flex_attention import create_block_mask
-    from grader.bench import _flex_with_sinks
+    from grader.bench.measure import _flex_with_sinks
 
     def causal(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx
@@ -279,33 +278,20 @@ def write_json(rows: list[dict], gaps: dict[str, float], path: str) -> None:
         f.write("\n")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m grader bench train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default=",".join(SMALL), metavar="A,B",
-                   help=f"comma-separated sizes of {', '.join(SIZES)} (default: {','.join(SMALL)})")
-    p.add_argument("--providers", default=",".join(PROVIDERS), metavar="A,B",
-                   help=f"comma-separated providers of {', '.join(PROVIDERS)} (default: all)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per provider (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="steps before timing, the compile among them (default 3)")
-    p.add_argument("--json", metavar="PATH", help="write (merge) the rows into this JSON file")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+def main(*, sizes: str | None = None, providers: str | None = None, steps: int = 20, warmup: int = 3,
+         json_path: str | None = None) -> int:
+    """``python -m grader bench train``: time training steps of these ``sizes`` (``a,b``; default the small
+    ones) with these ``providers`` (default all), ``warmup`` steps then ``steps`` timed ones; ``json_path`` is
+    a file to merge the rows into."""
+    sizes = [s.strip() for s in (sizes or ",".join(SMALL)).split(",") if s.strip()]
+    providers = [p.strip() for p in (providers or ",".join(PROVIDERS)).split(",") if p.strip()]
     bad = [s for s in sizes if s not in SIZES] + [p for p in providers if p not in PROVIDERS]
     if bad or not sizes or not providers:
         print(f"unknown size or provider {', '.join(map(repr, bad)) or '(none given)'}; sizes: "
               f"{', '.join(SIZES)}; providers: {', '.join(PROVIDERS)}", file=sys.stderr)
         return 2
-    if args.steps < 1 or args.warmup < 1:
-        print(f"--steps and --warmup must be at least 1, got {args.steps} and {args.warmup}", file=sys.stderr)
+    if steps < 1 or warmup < 1:
+        print(f"--steps and --warmup must be at least 1, got {steps} and {warmup}", file=sys.stderr)
         return 2
     if not runtime.ON_GPU:
         print(f"python -m grader bench train times training steps on a CUDA GPU, and none is visible here "
@@ -314,12 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch._dynamo
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     print(f"bench train on {runtime.describe()}: {', '.join(sizes)}; {', '.join(providers)}; "
-          f"{args.warmup} warm-up and {args.steps} timed steps each", flush=True)
+          f"{warmup} warm-up and {steps} timed steps each", flush=True)
     rows = []
     for name in sizes:
         for provider in providers:
             began = time.perf_counter()
-            rows.append(run_one(SIZES[name], provider, warmup=args.warmup, steps=args.steps))
+            rows.append(run_one(SIZES[name], provider, warmup=warmup, steps=steps))
             r = rows[-1]
             print(f"  {name} {provider}: {r['step_ms']:.2f} ms/step, {r['tokens_per_s']} tokens/s, "
                   f"{r['peak_mib']} MiB ({time.perf_counter() - began:.0f} s)", flush=True)
@@ -327,11 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     gaps = agreement(rows)
     print()
     print(table(rows, gaps))
-    if args.json:
-        write_json(rows, gaps, args.json)
-        print(f"wrote {args.json}")
+    if json_path:
+        write_json(rows, gaps, json_path)
+        print(f"wrote {json_path}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ The learner's edition is the workbook made for a learner:
     tests/         the tests that run without solutions/ (not tests/wrong/, whose edits quote them)
     published/     reference solutions, once ``python -m grader publish`` adds them
     edition.json   the version, the source commit, what is shipped and published, and what was
-                   written (grader/edition.py)
+                   written (grader/publishing/edition.py)
 
 The file of stage N+1 holds stage N's answers as given code, so ``--through`` is how a stage's
 file waits until the one before it is due; release says which answers each shipped file gives.
@@ -25,7 +25,7 @@ Before anything is written, ``edition.audit`` searches what would be: no solutio
 wrong solutions, no solution markers, no answers of a stage that is neither published nor given
 code in a shipped file, and, in a learner's edition, no hidden check's name.  An edition that
 fails the search is not written.  Run on a folder that already holds an edition, release updates
-it in place without touching what the learner changed (grader/edition.py).
+it in place without touching what the learner changed (grader/publishing/edition.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from grader import edition, publish, release, stages
+from grader import stages
+from grader.publishing import edition, publish, release
 from kernels.loader import ROOT
 
 TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", "workbook", ".gitignore")

@@ -15,7 +15,6 @@ tolerances are exactly the grader's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -154,33 +153,26 @@ def format_table(stage, found: dict[str, Margin], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader sweep", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", help="stage(s) to sweep: stage3, or stage1,stage2")
-    parser.add_argument("--seeds", type=int, default=20, help="how many seeds (default 20)")
-    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
-    parser.add_argument("--seed", type=int, action="append", help="exactly these seeds (repeatable)")
-    parser.add_argument("--only", action="append", metavar="CHECK", help="only this check (repeatable)")
-    parser.add_argument("--json", metavar="FILE", help="also write every check's margins there")
-    parser.add_argument("--jobs", type=int, default=1, help="processes to deal the seeds out to (CPU: one per "
-                                                            "core; a GPU is best left to one)")
-    args = parser.parse_args(argv)
+def main(stage_names: str, *, seeds: int = 20, first_seed: int = 0, exact_seeds: list[int] | None = None,
+         only: list[str] | None = None, json_path: str | None = None, jobs: int = 1) -> int:
+    """``python -m grader sweep STAGES``: grade the reference of ``stage_names`` (``stage3`` or
+    ``stage1,stage2``) on ``seeds`` seeds from ``first_seed`` (or exactly ``exact_seeds``), ``only`` these
+    checks, in ``jobs`` processes; print each check's worst margin, and write them all to ``json_path``."""
     import signal
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # stopped (a time limit): report what was done
     if not (loader.ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/: there is no reference to sweep", file=sys.stderr)
         return 2
     try:
-        chosen = [stages.find(name) for name in args.stage.split(",")]
+        chosen = [stages.find(name) for name in stage_names.split(",")]
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    seeds = args.seed or list(range(args.first_seed, args.first_seed + args.seeds))
+    seeds = exact_seeds or list(range(first_seed, first_seed + seeds))
     ok, record = True, {}
     for stage in chosen:
         names = {c.name for c in stage.checks()}
-        unknown = [n for n in args.only or [] if n not in names]
+        unknown = [n for n in only or [] if n not in names]
         if unknown:
             print(f"no check named {', '.join(map(repr, unknown))} in {stage.name}; the checks are: "
                   f"{', '.join(sorted(names))}", file=sys.stderr)
@@ -191,17 +183,17 @@ def main(argv: list[str]) -> int:
             print(f"\r{stage.name}: seed {done}/{len(seeds)} ({seed}), {time.monotonic() - start:.0f} s",
                   end="", file=sys.stderr, flush=True)
 
-        if args.jobs > 1:
-            found = sweep_parallel(stage, seeds, jobs=args.jobs, only=args.only, progress=progress)
+        if jobs > 1:
+            found = sweep_parallel(stage, seeds, jobs=jobs, only=only, progress=progress)
         else:
-            found = sweep(stage, seeds, only=args.only, progress=progress)
+            found = sweep(stage, seeds, only=only, progress=progress)
         print(file=sys.stderr)
         print(format_table(stage, found, time.monotonic() - start))
         ok = ok and not any(m.failures for m in found.values())
         record[stage.name] = {n: {k: v for k, v in asdict(m).items() if k != "margins"} | {"median": m.median}
                               for n, m in found.items()}
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump({"device": runtime.describe(), "seeds": [seeds[0], seeds[-1], len(seeds)], "stages": record},
                       f, indent=1)
     return 0 if ok else 1

@@ -2,13 +2,13 @@
 
 ``tests/test_stage3.py`` is two lines::
 
-    from grader.pytest_bridge import stage_tests
+    from grader.testing.pytest_bridge import stage_tests
     test_check = stage_tests("stage3")
 
 Each check becomes one pytest test, run exactly as ``python -m grader stage3`` runs it: learner
 code in a worker process, inputs, reference and comparison in this one.  Which copy is tested
 follows ``--source``: the learner's stages/ by default.  This module is also the pytest
-plugin that adds that option (pyproject.toml loads it with ``-p grader.pytest_bridge``).
+plugin that adds that option (pyproject.toml loads it with ``-p grader.testing.pytest_bridge``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from grader import release, stages
+from grader import stages
 from grader.check import session_seed
 from grader.grade import _snapshot, run_check
+from grader.publishing import release
 from grader.worker import ImportFailed, Runner
 from kernels import loader
 

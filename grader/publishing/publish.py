@@ -1,6 +1,6 @@
 """``python -m grader publish stage2[,stage3] --to DIR``: reference solutions, stage by stage.
 
-Publishing a stage adds to a learner's edition (grader/bundle.py) what a learner needs to learn
+Publishing a stage adds to a learner's edition (grader/publishing/bundle.py) what a learner needs to learn
 from the reference once the stage is due:
 
     published/<stage file>           the solution, its markers removed (and the .cu, for stage 4)
@@ -20,9 +20,11 @@ from __future__ import annotations
 import ast
 import json
 import re
+import sys
 from pathlib import Path
 
-from grader import edition, release, stages
+from grader import stages
+from grader.publishing import edition, release
 from kernels.loader import ROOT
 
 FOLDER = "published"
@@ -152,3 +154,13 @@ def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
     changes = edition.write(dest, new, meta, log=log, remove_missing=False)
     log(f"published {', '.join(s.name for s in chosen)} in {dest} ({len(changes)} file(s) written)")
     return changes
+
+
+def main(stage_names: str, *, to: str) -> int:
+    """``python -m grader publish stage2,stage3 --to DIR``: publish those stages into the edition ``to``."""
+    try:
+        publish(to, stage_names.split(","))
+    except (PublishError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0

@@ -8,7 +8,6 @@ machine (a plain list of rows) gives that machine with ``--device``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -82,17 +81,12 @@ def render(path: str | Path, *, device: str | None = None, software: str | None 
     return "\n".join(out)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader bench report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("json", help="rows written by python -m grader bench --json")
-    parser.add_argument("--out", help="write the Markdown page here (default: print it)")
-    parser.add_argument("--device", help="the machine, for a JSON file that does not record it")
-    parser.add_argument("--software", help="the versions, for a JSON file that does not record them")
-    args = parser.parse_args(argv)
-    text = render(args.json, device=args.device, software=args.software)
-    if args.out:
-        Path(args.out).write_text(text)
+def main(json_path: str, *, out: str | None = None, device: str | None = None, software: str | None = None) -> int:
+    """``python -m grader bench report BENCH.json``: the page, printed or written to ``out``; ``device`` and
+    ``software`` name the machine and versions of a JSON file that does not record them."""
+    text = render(json_path, device=device, software=software)
+    if out:
+        Path(out).write_text(text)
     else:
         sys.stdout.write(text)
     return 0

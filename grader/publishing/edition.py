@@ -14,7 +14,7 @@ file the new edition no longer has is removed only if the learner never changed 
 change is listed; a rerun with nothing new changes nothing.
 
 ``python -m grader publish stage2 --to DIR`` adds the reference solution of stage 2 to an
-edition (grader/publish.py).  Whatever is written, ``audit`` first checks that the edition would
+edition (grader/publishing/publish.py).  Whatever is written, ``audit`` first checks that the edition would
 hold no solution of a stage that is neither published nor shipped as given code, no hidden check
 and no wrong solution.
 """
@@ -28,7 +28,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from grader import files, release
+from grader import files
+from grader.publishing import release
 from kernels.loader import ROOT
 
 MANIFEST = "edition.json"
@@ -217,7 +218,7 @@ def audit(contents: dict[str, bytes], allowed: set[int], keys: dict[int, list[se
             continue
         text = "\n".join(_lines(rel, contents[rel]))
         if parts[0] != "grader" and any(release._BEGIN.match(ln) or release._END.match(ln) for ln in text.splitlines()):
-            problems.append(f"{rel}: holds a solution block")   # (grader/release.py documents the markers)
+            problems.append(f"{rel}: holds a solution block")   # (grader/publishing/release.py documents the markers)
         leaked = sorted(answers_in(text, keys) - allowed)
         if leaked:
             problems.append(f"{rel}: holds the answers of " + ", ".join(f"stage{n}" for n in leaked)

@@ -1,7 +1,7 @@
 """``python -m grader stage3 --compare``: your code beside the reference, hole by hole.
 
 It works in a learner's edition once the instructor has published the stage
-(``published/stageN.holes.json``, grader/publish.py): after the grading table, each TODO shows
+(``published/stageN.holes.json``, grader/publishing/publish.py): after the grading table, each TODO shows
 what you wrote there, what the reference wrote, and the checks that exercise it with their
 statuses.  Before publication it says so.
 """
@@ -12,7 +12,8 @@ import json
 import textwrap
 from pathlib import Path
 
-from grader import files, publish
+from grader import files
+from grader.publishing import publish
 from kernels.loader import ROOT
 
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -164,3 +165,32 @@ def release(*, force: bool = False, stages: Path | None = None, solutions: Path 
 def manifest_text(manifest: dict[str, str]) -> str:
     """stages/.release.json: file name -> SHA-256 of what release wrote."""
     return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+
+
+def main(*, check_only: bool = False, force: bool = False, to: str | None = None, autograder: str | None = None,
+         through: str | None = None) -> int:
+    """``python -m grader release``: regenerate stages/ (keeping edits unless ``force``), only check
+    that it is in sync (``check_only``), or write the learner's edition ``to`` a folder (a Gradescope ``autograder`` for
+    those stages, or stages 1..``through`` only)."""
+    if not (ROOT / "solutions").is_dir():
+        print("this copy of the workbook has no solutions/ (it is a learner's copy): its stages/ came with it, "
+              "and there is nothing to release")
+        return 0
+    if to:
+        from grader.publishing import bundle
+        try:
+            bundle.build(to, autograder=autograder.split(",") if autograder else None, through=through)
+        except (bundle.BundleError, ValueError) as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        return 0
+    if check_only:
+        stale = check()
+        if stale:
+            print("stages/ is out of sync with solutions/ for: " + ", ".join(stale))
+            print("run: python -m grader release")
+            return 1
+        print("stages/ is in sync with solutions/")
+        return 0
+    kept = release(force=force)
+    return 1 if kept else 0
