@@ -2,8 +2,11 @@
 
 import pytest
 
+from grader import publish, release, stages
+from grader.grade import grade_stage
+from grader.mutants import Mutant, build
 from kernels import includes
-from kernels.loader import load_file
+from kernels.loader import ROOT, load_file
 
 EARLIER = '''import math
 
@@ -81,3 +84,24 @@ def test_the_loader_runs_an_included_triton_kernel(tmp_path):
     x = runtime.randn(8, dtype=__import__("torch").float32)
     assert (module.double(x.clone()) == 2 * x).all()
     assert module.__file__ == str(tmp_path / "stage2_b.py")
+
+
+def test_release_gives_stage5s_answers_to_stage6_and_asks_only_for_its_own():
+    learner = release.rendered()["stage6_gqa.py"]
+    assert "# include:" not in learner and "SOLUTION" not in learner
+    assert "full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N" in learner   # 5b, given
+    assert "TODO(5" not in learner and "TODO(6a)" in learner and "h_kv = h // GROUP" not in learner
+    assert release.check() == []
+
+
+def test_a_stage_built_from_includes_is_graded_mutated_and_published_expanded(tmp_path):
+    stage6 = stages.find("stage6")
+    result = grade_stage(stage6, "solutions", only=["gqa_groups"])
+    assert [r.status for r in result.results] == ["pass"], result.results
+    mutant = Mutant("unsafe", "edits code stage 6 includes from stage 5",
+                    edits=[('m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_safe = m_new")])
+    text = (build(stage6, mutant, tmp_path / "m") / f"{stage6.module}.py").read_text()
+    assert "    m_safe = m_new  " in text and "# include:" not in text
+    published = publish.files_of(stage6)[f"published/{stage6.module}.py"].decode()
+    assert "# include:" not in published and "def _key_blocks(" in published and "SOLUTION" not in published
+    assert "# include:" in (ROOT / "solutions" / f"{stage6.module}.py").read_text()
