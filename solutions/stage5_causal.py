@@ -55,10 +55,10 @@ import triton.language as tl  # noqa: E402
 def _visible(rows, cols, N_K, shift, CAUSAL: tl.constexpr):
     """The visibility rule, (rows, cols) booleans: query row i sees key j iff j < N_K and, with
     CAUSAL, j <= i + shift, where shift = N_K - N_Q (bottom-right alignment)."""
-    # TODO(5a): stage 3's rule hides the keys past N_K; with CAUSAL, also hide the keys after
-    # each row's diagonal, cols > rows + shift (rows down, cols across: broadcast them).
-    # BEGIN SOLUTION stub=visible = cols[None, :] < N_K
-    visible = cols[None, :] < N_K
+    visible = cols[None, :] < N_K                             # stage 3's rule: no key past N_K
+    # TODO(5a): with CAUSAL, also hide the keys after each row's diagonal, cols > rows + shift
+    # (rows down, cols across: broadcast them).
+    # BEGIN SOLUTION stub=pass
     if CAUSAL:
         visible = visible & (cols[None, :] <= rows[:, None] + shift)
     # END SOLUTION
@@ -81,7 +81,7 @@ def _softmax_update(acc, m_i, l_i, s, v):
     # seen no key yet, and this tile hides every key from it).  Subtract m_safe = (0 where
     # m_new is -inf, else m_new) in both exponentials, alpha = exp2(m_i - m_safe) and
     # p = exp2(s - m_safe), and keep m_i = m_new itself (still -inf for such a row).
-    # BEGIN SOLUTION stub=m_new = m_i
+    # BEGIN SOLUTION stub=pass
     # A row that has seen no key yet has m_new = -inf: subtract 0 from it instead.
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
@@ -89,8 +89,9 @@ def _softmax_update(acc, m_i, l_i, s, v):
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    m_i = m_new
     # END SOLUTION
-    return acc, m_new, l_i
+    return acc, m_i, l_i
 
 
 @triton.jit

@@ -73,10 +73,10 @@ def _in_window(rows, cols, shift, WINDOW):
     """The sliding window, (rows, cols) booleans: key j is inside row i's window iff
     j > i + shift - WINDOW, so WINDOW keys up to the row's diagonal i + shift, its own included."""
     # TODO(7a): the keys that have not left the row's window: j > i + shift - WINDOW.
-    # BEGIN SOLUTION stub=in_window = cols[None, :] >= 0
+    # BEGIN SOLUTION stub=pass
     in_window = cols[None, :] > rows[:, None] + shift - WINDOW
-    # END SOLUTION
     return in_window
+    # END SOLUTION
 
 
 # Stage 5's scores of one key block and NaN-safe update, unchanged.
@@ -112,6 +112,7 @@ def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_v
 def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The key blocks behind the window that a query block skips: it starts at lo, and the blocks
     [full_lo, full_hi) are inside every row's window; [lo, full_lo) is the window's masked edge."""
+    lo, full_lo = 0, 0                                        # every key block, the edge masked
     # TODO(7b): skip the key blocks that are behind every row's window.
     #   lo: the first row, start_m, sees keys >= start_m + shift - WINDOW + 1: round that DOWN
     #     to a multiple of BLOCK_N (never below 0).  The loop starts there, not at block 0.
@@ -121,7 +122,7 @@ def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK
     #   The three ranges must stay in order, lo <= full_lo <= full_hi <= hi, or a block is
     #   visited twice.  When the window is shorter than the query block, no block is inside
     #   every row's window and full_lo comes out past full_hi: cap it at full_hi.
-    # BEGIN SOLUTION stub=lo, full_lo = 0, 0
+    # BEGIN SOLUTION stub=pass
     lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
     full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     full_lo = tl.minimum(full_lo, full_hi)

@@ -57,9 +57,10 @@ HEAD_DIMS = (16, 256)
 def _visible(rows, cols, N_K, shift, CAUSAL: tl.constexpr):
     """The visibility rule, (rows, cols) booleans: query row i sees key j iff j < N_K and, with
     CAUSAL, j <= i + shift, where shift = N_K - N_Q (bottom-right alignment)."""
-    # TODO(5a): stage 3's rule hides the keys past N_K; with CAUSAL, also hide the keys after
-    # each row's diagonal, cols > rows + shift (rows down, cols across: broadcast them).
-    visible = cols[None, :] < N_K
+    visible = cols[None, :] < N_K                             # stage 3's rule: no key past N_K
+    # TODO(5a): with CAUSAL, also hide the keys after each row's diagonal, cols > rows + shift
+    # (rows down, cols across: broadcast them).
+    pass
     return visible
 
 
@@ -79,8 +80,8 @@ def _softmax_update(acc, m_i, l_i, s, v):
     # seen no key yet, and this tile hides every key from it).  Subtract m_safe = (0 where
     # m_new is -inf, else m_new) in both exponentials, alpha = exp2(m_i - m_safe) and
     # p = exp2(s - m_safe), and keep m_i = m_new itself (still -inf for such a row).
-    m_new = m_i
-    return acc, m_new, l_i
+    pass
+    return acc, m_i, l_i
 
 
 @triton.jit

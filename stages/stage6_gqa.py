@@ -48,7 +48,7 @@ HEAD_DIMS = (16, 256)
 def _visible(rows, cols, N_K, shift, CAUSAL: tl.constexpr):
     """The visibility rule, (rows, cols) booleans: query row i sees key j iff j < N_K and, with
     CAUSAL, j <= i + shift, where shift = N_K - N_Q (bottom-right alignment)."""
-    visible = cols[None, :] < N_K
+    visible = cols[None, :] < N_K                             # stage 3's rule: no key past N_K
     if CAUSAL:
         visible = visible & (cols[None, :] <= rows[:, None] + shift)
     return visible
@@ -73,7 +73,8 @@ def _softmax_update(acc, m_i, l_i, s, v):
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return acc, m_new, l_i
+    m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit

@@ -71,7 +71,7 @@ HEAD_DIMS = (16, 256)
 def _visible(rows, cols, N_K, shift, CAUSAL: tl.constexpr):
     """The visibility rule, (rows, cols) booleans: query row i sees key j iff j < N_K and, with
     CAUSAL, j <= i + shift, where shift = N_K - N_Q (bottom-right alignment)."""
-    visible = cols[None, :] < N_K
+    visible = cols[None, :] < N_K                             # stage 3's rule: no key past N_K
     if CAUSAL:
         visible = visible & (cols[None, :] <= rows[:, None] + shift)
     return visible
@@ -82,8 +82,7 @@ def _in_window(rows, cols, shift, WINDOW):
     """The sliding window, (rows, cols) booleans: key j is inside row i's window iff
     j > i + shift - WINDOW, so WINDOW keys up to the row's diagonal i + shift, its own included."""
     # TODO(7a): the keys that have not left the row's window: j > i + shift - WINDOW.
-    in_window = cols[None, :] >= 0
-    return in_window
+    pass
 
 
 # Stage 5's scores of one key block and NaN-safe update, unchanged.
@@ -106,7 +105,8 @@ def _softmax_update(acc, m_i, l_i, s, v):
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return acc, m_new, l_i
+    m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -149,6 +149,7 @@ def _key_blocks(start_m, N_K, shift, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr
 def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The key blocks behind the window that a query block skips: it starts at lo, and the blocks
     [full_lo, full_hi) are inside every row's window; [lo, full_lo) is the window's masked edge."""
+    lo, full_lo = 0, 0                                        # every key block, the edge masked
     # TODO(7b): skip the key blocks that are behind every row's window.
     #   lo: the first row, start_m, sees keys >= start_m + shift - WINDOW + 1: round that DOWN
     #     to a multiple of BLOCK_N (never below 0).  The loop starts there, not at block 0.
@@ -158,7 +159,7 @@ def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK
     #   The three ranges must stay in order, lo <= full_lo <= full_hi <= hi, or a block is
     #   visited twice.  When the window is shorter than the query block, no block is inside
     #   every row's window and full_lo comes out past full_hi: cap it at full_hi.
-    lo, full_lo = 0, 0
+    pass
     return lo, full_lo
 
 

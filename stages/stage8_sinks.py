@@ -63,7 +63,7 @@ HEAD_DIMS = (16, 256)
 def _visible(rows, cols, N_K, shift, CAUSAL: tl.constexpr):
     """The visibility rule, (rows, cols) booleans: query row i sees key j iff j < N_K and, with
     CAUSAL, j <= i + shift, where shift = N_K - N_Q (bottom-right alignment)."""
-    visible = cols[None, :] < N_K
+    visible = cols[None, :] < N_K                             # stage 3's rule: no key past N_K
     if CAUSAL:
         visible = visible & (cols[None, :] <= rows[:, None] + shift)
     return visible
@@ -96,7 +96,8 @@ def _softmax_update(acc, m_i, l_i, s, v):
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return acc, m_new, l_i
+    m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -144,6 +145,7 @@ def _key_blocks(start_m, N_K, shift, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr
 def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The key blocks behind the window that a query block skips: it starts at lo, and the blocks
     [full_lo, full_hi) are inside every row's window; [lo, full_lo) is the window's masked edge."""
+    lo, full_lo = 0, 0                                        # every key block, the edge masked
     lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
     full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     full_lo = tl.minimum(full_lo, full_hi)
@@ -153,11 +155,12 @@ def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK
 @triton.jit
 def _sink_blocks(SINK_TOKENS, lo, BLOCK_N: tl.constexpr):
     """The sink tokens' own range of key blocks, [0, sink_hi), visited before the window's."""
+    sink_hi = 0                                               # no block of their own
     # TODO(8c): the blocks that hold keys j < SINK_TOKENS, i.e. SINK_TOKENS rounded UP to a
     # multiple of BLOCK_N, but never past lo: from lo on, the window's ranges load those blocks
     # already (a block loaded twice counts its keys twice).  The blocks between sink_hi and lo
     # are skipped.
-    sink_hi = 0
+    pass
     return sink_hi
 
 
