@@ -105,3 +105,14 @@ def test_a_stage_built_from_includes_is_graded_mutated_and_published_expanded(tm
     published = publish.files_of(stage6)[f"published/{stage6.module}.py"].decode()
     assert "# include:" not in published and "def _key_blocks(" in published and "SOLUTION" not in published
     assert "# include:" in (ROOT / "solutions" / f"{stage6.module}.py").read_text()
+
+
+def test_progress_grades_a_stage_again_when_the_code_it_includes_changes(tmp_path):
+    from grader import progress
+    stage6 = stages.find("stage6")
+    for name in ("stage3_flash_forward.py", "stage5_causal.py", f"{stage6.module}.py"):
+        (tmp_path / name).write_text((ROOT / "solutions" / name).read_text())
+    before = progress._key(stage6, str(tmp_path), "v")
+    stage5 = tmp_path / "stage5_causal.py"
+    stage5.write_text(stage5.read_text().replace("-inf - 0 is not", "-inf - 0 is a plain -inf"))
+    assert progress._key(stage6, str(tmp_path), "v") != before
