@@ -22,7 +22,9 @@ and the name.
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +41,17 @@ class IncludeError(ValueError):
 
 def has_includes(text: str) -> bool:
     return any(MARKER.match(line) for line in text.splitlines())
+
+
+def _marker_lines(text: str) -> set[int]:
+    """The 1-based numbers of the include lines: comments at the top level, not text in a string."""
+    found = {i for i, line in enumerate(text.splitlines(), 1) if MARKER.match(line)}
+    try:
+        comments = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                    if tok.type == tokenize.COMMENT and tok.start[1] == 0}
+    except (tokenize.TokenError, SyntaxError):
+        return found
+    return found & comments
 
 
 def given(text: str) -> str:
@@ -91,9 +104,10 @@ def expand(text: str, filename: str, read: Callable[[str], str | None], *, _stac
         return text
     stack = _stack + (filename,)
     cache: dict[str, dict[str, str]] = {}
+    markers = _marker_lines(text)
     out = []
     for lineno, line in enumerate(text.splitlines(keepends=True), 1):
-        marker = MARKER.match(line)
+        marker = MARKER.match(line) if lineno in markers else None
         if not marker:
             out.append(line)
             continue

@@ -53,6 +53,8 @@ def test_includes_expand_through_every_stage_and_a_file_without_them_is_unchange
     out = includes.expand(files["stage3_c"], "stage3_c.py", _reader(files))
     assert out == "def helper(x):\n    return 2 * x\n"
     assert includes.expand(EARLIER, "stage1_a.py", _reader({})) == EARLIER
+    quoted = '"""How to take code from stage 1:\n\n# include: stage1_a.helper\n"""\n'
+    assert includes.expand(quoted, "stage2_b.py", _reader(files)) == quoted
 
 
 @pytest.mark.parametrize("line, files, message", [
