@@ -152,3 +152,10 @@ def expand_file(path: str | Path) -> str:
         return other.read_text() if other.is_file() else None
 
     return expand(path.read_text(), path.name, read)
+
+
+if __name__ == "__main__":          # python -m kernels.includes solutions/stage7_sliding_window.py
+    import sys
+
+    for arg in sys.argv[1:]:
+        sys.stdout.write(expand_file(arg))
