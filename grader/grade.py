@@ -33,7 +33,7 @@ from grader.limits import Limits
 from grader.publishing import release
 from grader.stages import Stage
 from grader.worker import ImportFailed, LearnerError, Misbehaved, Runner, WorkerDied
-from kernels import loader, runtime
+from kernels import includes, loader, runtime
 
 PASSING = ("pass",)
 
@@ -103,7 +103,9 @@ def _snapshot(stage: Stage, source: str) -> Path:
     """Copy the stage's files to a private folder, so grading never touches (or is touched by) them.
 
     Only plain files are copied, never through a link (files.read_plain); the copy lives in the
-    grader's own folder under a name no other worker can list (sandbox.private_dir).
+    grader's own folder under a name no other worker can list (sandbox.private_dir).  A file that
+    includes code of an earlier stage is copied expanded (kernels/includes.py): the worker sees
+    nothing but this folder.
     """
     src = loader.source_dir(source)
     if os.path.islink(src) or (str(source) not in ("stages", "solutions") and os.path.islink(Path(source))):
@@ -115,6 +117,8 @@ def _snapshot(stage: Stage, source: str) -> Path:
         os.chmod(tmp, 0o755)  # the worker (perhaps another uid) reads it; its parent is not listable
         for name in stage.files():
             data = files.read_plain(src / name)
+            if data is not None and name.endswith(".py") and includes.has_includes(data.decode(errors="replace")):
+                data = includes.expand(data.decode(), name, lambda m: _plain_text(src / f"{m}.py")).encode()
             if data is not None:
                 fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 with open(fd, "wb") as f:
@@ -123,6 +127,11 @@ def _snapshot(stage: Stage, source: str) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return tmp
+
+
+def _plain_text(path: Path) -> str | None:
+    data = files.read_plain(path)
+    return data.decode() if data is not None else None
 
 
 def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.publishing import release
+from kernels.includes import expand_file
 from kernels.loader import ROOT
 
 _LABEL = re.compile(r"TODO(\([^)]*\))?")
@@ -128,7 +129,7 @@ def _released(name: str, solutions: Path) -> list[tuple[str, list[str]]] | None:
     path = solutions / name
     if not path.exists():
         return None
-    text = path.read_text()
+    text = expand_file(path)
     return _signatures(text, release.render(text, name))
 
 

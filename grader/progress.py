@@ -16,7 +16,7 @@ import time
 from grader import stages
 from grader.grade import StageResult, format_result, grade_stage, score_line
 from grader.publishing import edition, release
-from kernels import loader, runtime
+from kernels import includes, loader, runtime
 
 CACHE = loader.ROOT / ".grader-cache" / "progress"
 
@@ -35,7 +35,10 @@ def _key(stage, source: str, version: str) -> str:
     digest = hashlib.sha256(f"{version}\n{runtime.describe()}\n{stage.name}\n".encode())
     for name in stage.files():
         path = folder / name
-        digest.update(name.encode() + (path.read_bytes() if path.exists() else b"<missing>"))
+        data = path.read_bytes() if path.exists() else b"<missing>"
+        if b"# include:" in data:      # what runs is the expansion: an earlier stage's edit counts too
+            data = includes.expand_file(path).encode()
+        digest.update(name.encode() + data)
     return digest.hexdigest()[:32]
 
 

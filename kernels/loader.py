@@ -9,13 +9,16 @@ module.  Which copy is loaded is chosen by ``source``, else by the environment v
     <a folder>   any folder shaped like stages/ (a submission to grade)
 
 Modules are loaded from their file path under a name of their own, so a learner's stage 3
-and the solution's stage 3 can both be loaded in one process without clashing.
+and the solution's stage 3 can both be loaded in one process without clashing.  A solution file
+that includes code of an earlier stage (kernels/includes.py) runs expanded: the code it runs,
+tracebacks and Triton's view of its kernels all come from the expanded text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import linecache
 import os
 import re
 import sys
@@ -61,8 +64,12 @@ def load_file(path: str | os.PathLike) -> ModuleType:
     and content): Triton's compiler looks a kernel's globals up through ``sys.modules``."""
     from kernels import runtime  # noqa: F401  (decides TRITON_INTERPRET before the file imports triton)
 
+    from kernels import includes
+
     path = Path(path)
-    digest = hashlib.sha1(str(path).encode() + path.read_bytes()).hexdigest()[:12]
+    data = path.read_bytes()
+    expanded = includes.expand_file(path) if includes.has_includes(data.decode(errors="replace")) else None
+    digest = hashlib.sha1(str(path).encode() + (expanded.encode() if expanded else data)).hexdigest()[:12]
     mod_name = f"workbook_{path.parent.name}_{path.stem}_{digest}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
@@ -70,8 +77,20 @@ def load_file(path: str | os.PathLike) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
+        if expanded is None:
+            spec.loader.exec_module(module)
+        else:
+            _exec_expanded(module, path, expanded)
     except BaseException:
         del sys.modules[mod_name]
         raise
     return module
+
+
+def _exec_expanded(module: ModuleType, path: Path, text: str) -> None:
+    """Run ``text``, the expansion of ``path``, as the module's code.  Its lines are registered
+    under a name of their own, ``path`` + " (expanded)", where inspect (and so Triton, which
+    reads a kernel's source) and tracebacks find them."""
+    name = f"{path} (expanded)"
+    linecache.cache[name] = (len(text), None, text.splitlines(keepends=True), name)
+    exec(compile(text, name, "exec"), module.__dict__)

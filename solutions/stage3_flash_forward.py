@@ -29,7 +29,8 @@ from kernels import runtime, tuning, validate
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E); the wrapper folds it into the scale
+LN2 = tl.constexpr(0.6931471805599453)   # ln(2): log(x) == log2(x) * LN2; a constexpr, so kernels may read it
 HEAD_DIMS = (16, 256)
 
 
@@ -106,15 +107,15 @@ def _flash_forward_kernel(
         # END SOLUTION
 
     # TODO(3c): normalise acc by l_i and store it in O's dtype (only real rows and real head-dim
-    # columns), and store lse = (m_i + log2(l_i)) * ln(2) for the real rows: natural log, like the
-    # reference.  Write ln(2) as the number 0.6931471805599453: compiled for a GPU, a kernel may
-    # only read module-level globals that are tl.constexpr, so a plain Python constant works in
-    # the interpreter only.
+    # columns), and store lse = (m_i + log2(l_i)) * LN2 for the real rows: natural log, like the
+    # reference.  LN2 is defined at the top as a tl.constexpr: compiled for a GPU, a kernel may
+    # only read module-level globals that are tl.constexpr (LOG2E, a plain float, works in the
+    # interpreter only, and is for the wrapper).
     # BEGIN SOLUTION stub=pass
     o = acc / l_i[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_i)) * 0.6931471805599453, mask=row_ok)
+    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_i)) * LN2, mask=row_ok)
     # END SOLUTION
 
 

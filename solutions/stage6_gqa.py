@@ -38,53 +38,12 @@ from kernels import runtime, tuning, validate
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
-HEAD_DIMS = (16, 256)
+# include: stage3_flash_forward.LOG2E, stage3_flash_forward.LN2, stage3_flash_forward.HEAD_DIMS
 
-
-def padding_waste(head_dim: int) -> float:
-    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
-
-    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
-    0.4375
-    """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
-        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    padded = triton.next_power_of_2(head_dim)
-    return (padded - head_dim) / padded
-
-
-@triton.jit
-def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
-                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, qk_scale,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
-
-    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
-    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
-    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
-    """
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        col_ok = cols < N_K
-        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
-        if MASKED:
-            visible = col_ok[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
-            s = tl.where(visible, s, float("-inf"))
-        # The NaN-safe online softmax of stage 5: a row that has seen no key yet has m_new = -inf.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-        visits += 1                                   # one more key block loaded (the tests count them)
-    return acc, m_i, l_i, visits
+# Stage 5's helpers, unchanged: the visibility rule, one key block's scores, the NaN-safe update,
+# the loop over a range of key blocks, the ranges themselves, and the final store.
+# include: stage5_causal._visible, stage5_causal._scores, stage5_causal._softmax_update
+# include: stage5_causal._attend_blocks, stage5_causal._key_blocks, stage5_causal._finish
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "GROUP"])
@@ -128,31 +87,22 @@ def _flash_forward_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
     visits = 0                                                               # key blocks loaded
 
-    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
-    shift = N_K - N_Q
-    # The key blocks this query block needs (stage 5): whole blocks [0, full_hi) that every row
-    # sees, without a mask; the band [full_hi, hi) the diagonal cuts, masked; nothing above it.
-    if CAUSAL:
-        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
-    else:
-        full_hi = N_K // BLOCK_N * BLOCK_N
-        hi = N_K
-    acc, m_i, l_i, visits = _attend_blocks(
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
         acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, full_hi,
         offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(
+    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
         acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
         offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
 
-    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
-    o = acc / l_safe[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=row_ok)
+    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
     if COUNT_VISITS:
         tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+# include: stage5_causal._launch_setup
 
 
 def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = None,
@@ -168,31 +118,17 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, sm_scale=sm_scale,
                                                       head_dims=HEAD_DIMS)
-    runtime.check_dtype(q.dtype)
     # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
-    head_dim_pad = triton.next_power_of_2(D)
-    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
-    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
-    # The tile: timed by the autotuner on a GPU for long sequences, else fixed (kernels/tuning.py).
-    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
-                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
-                               block_n=block_n, counting=return_visits)
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
-
-    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
-    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
+    kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
+                                                             block_n=block_n, return_visits=return_visits)
+    def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
-    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
-              if return_visits else None)                   # key blocks loaded per program
     kernel[grid](
         q, k, v, o, lse, visits,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, Nq, Nk, D,
-        scale * LOG2E,
-        CAUSAL=causal, COUNT_VISITS=return_visits,
-        HEAD_DIM_PAD=head_dim_pad, **tile,
+        Hq, Hq // Hkv, Nq, Nk, D, qk_scale,
+        CAUSAL=causal, COUNT_VISITS=return_visits, **config,
     )
     return (o, lse, visits) if return_visits else (o, lse)
 

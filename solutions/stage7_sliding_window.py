@@ -62,60 +62,75 @@ from kernels import runtime, tuning, validate
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
-HEAD_DIMS = (16, 256)
+# include: stage3_flash_forward.LOG2E, stage3_flash_forward.LN2, stage3_flash_forward.HEAD_DIMS
+
+# Stage 5's visibility rule, unchanged; the window adds a rule of its own.
+# include: stage5_causal._visible
 
 
-def padding_waste(head_dim: int) -> float:
-    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
+@triton.jit
+def _in_window(rows, cols, shift, WINDOW):
+    """The sliding window, (rows, cols) booleans: key j is inside row i's window iff
+    j > i + shift - WINDOW, so WINDOW keys up to the row's diagonal i + shift, its own included."""
+    # TODO(7a): the keys that have not left the row's window: j > i + shift - WINDOW.
+    # BEGIN SOLUTION stub=pass
+    in_window = cols[None, :] > rows[:, None] + shift - WINDOW
+    return in_window
+    # END SOLUTION
 
-    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
-    0.4375
-    """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
-        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    padded = triton.next_power_of_2(head_dim)
-    return (padded - head_dim) / padded
+
+# Stage 5's scores of one key block and NaN-safe update, unchanged.
+# include: stage5_causal._scores, stage5_causal._softmax_update
 
 
 @triton.jit
 def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
                    lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
+    """Stage 5's loop over the key blocks lo, lo + BLOCK_N, ... (below hi) of one query tile.
 
-    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
-    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
-    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
-    With HAS_WINDOW it also hides keys j <= i + shift - WINDOW, which have left the window.
+    MASKED=True applies stage 5's rule, _visible, and with HAS_WINDOW also _in_window.
     """
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        col_ok = cols < N_K
-        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
+        s, v = _scores(q, k_base, v_base, cols, stride_kn, stride_vn, N_K, d_ok, qk_scale)
         if MASKED:
-            visible = col_ok[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
-            # TODO(7a): with HAS_WINDOW, also hide the keys that have left the row's window:
-            # row i sees key j only if j > i + shift - WINDOW (WINDOW keys, its own included).
-            # BEGIN SOLUTION stub=pass
+            visible = _visible(offs_m, cols, N_K, shift, CAUSAL=CAUSAL)
             if HAS_WINDOW:
-                visible = visible & (cols[None, :] > offs_m[:, None] + shift - WINDOW)
-            # END SOLUTION
+                visible = visible & _in_window(offs_m, cols, shift, WINDOW)
             s = tl.where(visible, s, float("-inf"))
-        # The NaN-safe online softmax of stage 5: a row that has seen no key yet has m_new = -inf.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, m_i, l_i = _softmax_update(acc, m_i, l_i, s, v)
         visits += 1                                   # one more key block loaded (the tests count them)
     return acc, m_i, l_i, visits
+
+
+# Stage 5's ranges of key blocks, unchanged; the window's come after them.
+# include: stage5_causal._key_blocks
+
+
+@triton.jit
+def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks behind the window that a query block skips: it starts at lo, and the blocks
+    [full_lo, full_hi) are inside every row's window; [lo, full_lo) is the window's masked edge."""
+    lo, full_lo = 0, 0                                        # every key block, the edge masked
+    # TODO(7b): skip the key blocks that are behind every row's window.
+    #   lo: the first row, start_m, sees keys >= start_m + shift - WINDOW + 1: round that DOWN
+    #     to a multiple of BLOCK_N (never below 0).  The loop starts there, not at block 0.
+    #   full_lo: the last row sees keys >= start_m + BLOCK_M + shift - WINDOW: blocks starting
+    #     there or later (round UP to a multiple of BLOCK_N, never below 0) are inside every
+    #     row's window, so [full_lo, full_hi) needs no mask; [lo, full_lo) is the masked edge.
+    #   The three ranges must stay in order, lo <= full_lo <= full_hi <= hi, or a block is
+    #   visited twice.  When the window is shorter than the query block, no block is inside
+    #   every row's window and full_lo comes out past full_hi: cap it at full_hi.
+    # BEGIN SOLUTION stub=pass
+    lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    full_lo = tl.minimum(full_lo, full_hi)
+    # END SOLUTION
+    return lo, full_lo
+
+
+# include: stage5_causal._finish
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "GROUP"])
@@ -155,33 +170,11 @@ def _flash_forward_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
     visits = 0                                                               # key blocks loaded
 
-    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
-    shift = N_K - N_Q
-    # The key blocks this query block needs (stage 5): whole blocks [0, full_hi) that every row
-    # sees, without a mask; the band [full_hi, hi) the diagonal cuts, masked; nothing above it.
-    if CAUSAL:
-        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
-    else:
-        full_hi = N_K // BLOCK_N * BLOCK_N
-        hi = N_K
-    lo = 0
-    full_lo = 0
-    # TODO(7b): with HAS_WINDOW, skip the key blocks that are behind every row's window.
-    #   lo: the first row, start_m, sees keys >= start_m + shift - WINDOW + 1: round that DOWN
-    #     to a multiple of BLOCK_N (never below 0).  The loop starts there, not at block 0.
-    #   full_lo: the last row sees keys >= start_m + BLOCK_M + shift - WINDOW: blocks starting
-    #     there or later (round UP to a multiple of BLOCK_N, never below 0) are inside every
-    #     row's window, so [full_lo, full_hi) needs no mask; [lo, full_lo) is the masked edge.
-    #   The three ranges must stay in order, lo <= full_lo <= full_hi <= hi, or a block is
-    #   visited twice.  When the window is shorter than the query block, no block is inside
-    #   every row's window and full_lo comes out past full_hi: cap it at full_hi.
-    # BEGIN SOLUTION stub=pass
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    lo, full_lo = 0, 0
     if HAS_WINDOW:
-        lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-        full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        full_lo = tl.minimum(full_lo, full_hi)
-    # END SOLUTION
+        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     acc, m_i, l_i, visits = _attend_blocks(                   # the window's leading edge, masked
         acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
         offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
@@ -195,14 +188,13 @@ def _flash_forward_kernel(
         offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
         MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
 
-    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
-    o = acc / l_safe[:, None]
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=row_ok)
+    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
     if COUNT_VISITS:
         tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+# include: stage5_causal._launch_setup
 
 
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sm_scale: float | None = None,
@@ -219,32 +211,16 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sm_scale=sm_scale,
                                                       head_dims=HEAD_DIMS)
-    runtime.check_dtype(q.dtype)
-    # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
-    head_dim_pad = triton.next_power_of_2(D)
-    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
-    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
-    # The tile: timed by the autotuner on a GPU for long sequences, else fixed (kernels/tuning.py).
-    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
-                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
-                               block_n=block_n, counting=return_visits)
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
-
-    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
-    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
+    kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
+                                                             block_n=block_n, return_visits=return_visits)
+    def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
-    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
-              if return_visits else None)                   # key blocks loaded per program
     kernel[grid](
         q, k, v, o, lse, visits,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, Nq, Nk, D,
-        window if window is not None else 0,
-        scale * LOG2E,
-        CAUSAL=causal, HAS_WINDOW=window is not None, COUNT_VISITS=return_visits,
-        HEAD_DIM_PAD=head_dim_pad, **tile,
+        Hq, Hq // Hkv, Nq, Nk, D, window if window is not None else 0, qk_scale,
+        CAUSAL=causal, HAS_WINDOW=window is not None, COUNT_VISITS=return_visits, **config,
     )
     return (o, lse, visits) if return_visits else (o, lse)
 

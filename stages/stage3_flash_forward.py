@@ -29,7 +29,8 @@ from kernels import runtime, tuning, validate
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E); the wrapper folds it into the scale
+LN2 = tl.constexpr(0.6931471805599453)   # ln(2): log(x) == log2(x) * LN2; a constexpr, so kernels may read it
 HEAD_DIMS = (16, 256)
 
 
@@ -43,7 +44,7 @@ def padding_waste(head_dim: int) -> float:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
     # TODO(3d): the kernel computes head_dim as triton.next_power_of_2(head_dim) columns; return
     # the fraction of those columns that are padding (0.0 when head_dim is a power of two).
-    raise NotImplementedError("stage3_flash_forward.py: fill in the TODO at line 46")
+    raise NotImplementedError("stage3_flash_forward.py: fill in the TODO at line 47")
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD"])
@@ -87,10 +88,10 @@ def _flash_forward_kernel(
         pass
 
     # TODO(3c): normalise acc by l_i and store it in O's dtype (only real rows and real head-dim
-    # columns), and store lse = (m_i + log2(l_i)) * ln(2) for the real rows: natural log, like the
-    # reference.  Write ln(2) as the number 0.6931471805599453: compiled for a GPU, a kernel may
-    # only read module-level globals that are tl.constexpr, so a plain Python constant works in
-    # the interpreter only.
+    # columns), and store lse = (m_i + log2(l_i)) * LN2 for the real rows: natural log, like the
+    # reference.  LN2 is defined at the top as a tl.constexpr: compiled for a GPU, a kernel may
+    # only read module-level globals that are tl.constexpr (LOG2E, a plain float, works in the
+    # interpreter only, and is for the wrapper).
     pass
 
 

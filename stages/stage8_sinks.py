@@ -54,61 +54,124 @@ from kernels import runtime, tuning, validate
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E); the wrapper folds it into the scale
+LN2 = tl.constexpr(0.6931471805599453)   # ln(2): log(x) == log2(x) * LN2; a constexpr, so kernels may read it
 HEAD_DIMS = (16, 256)
 
+# The visibility rules of stages 5 and 7, one key block's scores and the NaN-safe update, unchanged.
+@triton.jit
+def _visible(rows, cols, N_K, shift, CAUSAL: tl.constexpr):
+    """The visibility rule, (rows, cols) booleans: query row i sees key j iff j < N_K and, with
+    CAUSAL, j <= i + shift, where shift = N_K - N_Q (bottom-right alignment)."""
+    visible = cols[None, :] < N_K                             # stage 3's rule: no key past N_K
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None] + shift)
+    return visible
 
-def padding_waste(head_dim: int) -> float:
-    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
 
-    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
-    0.4375
-    """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
-        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    padded = triton.next_power_of_2(head_dim)
-    return (padded - head_dim) / padded
+@triton.jit
+def _in_window(rows, cols, shift, WINDOW):
+    """The sliding window, (rows, cols) booleans: key j is inside row i's window iff
+    j > i + shift - WINDOW, so WINDOW keys up to the row's diagonal i + shift, its own included."""
+    in_window = cols[None, :] > rows[:, None] + shift - WINDOW
+    return in_window
+
+
+@triton.jit
+def _scores(q, k_base, v_base, cols, stride_kn, stride_vn, N_K, d_ok, qk_scale):
+    """One key block's scores against the query tile, in base 2, and its values (stage 3's loads)."""
+    col_ok = cols < N_K
+    k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    return tl.dot(q, tl.trans(k)) * qk_scale, v                             # (BLOCK_M, BLOCK_N), v
+
+
+@triton.jit
+def _softmax_update(acc, m_i, l_i, s, v):
+    """Stage 3's online-softmax update of one tile of scores, made NaN-safe."""
+    # A row that has seen no key yet has m_new = -inf: subtract 0 from it instead.
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
 def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
                    lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
+    """Stage 7's loop over the key blocks lo, lo + BLOCK_N, ... (below hi) of one query tile.
 
-    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
-    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
-    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
-    With HAS_WINDOW it also hides keys j <= i + shift - WINDOW, which have left the window,
-    except the sink tokens j < SINK_TOKENS.
+    MASKED=True applies stage 5's rule, _visible, and with HAS_WINDOW also _in_window, except
+    for the sink tokens j < SINK_TOKENS.
     """
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        col_ok = cols < N_K
-        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
+        s, v = _scores(q, k_base, v_base, cols, stride_kn, stride_vn, N_K, d_ok, qk_scale)
         if MASKED:
-            visible = col_ok[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+            visible = _visible(offs_m, cols, N_K, shift, CAUSAL=CAUSAL)
             if HAS_WINDOW:
-                in_window = cols[None, :] > offs_m[:, None] + shift - WINDOW
+                in_window = _in_window(offs_m, cols, shift, WINDOW)
                 # TODO(8a): keep the sink tokens visible whatever the window: a key j < SINK_TOKENS
                 # counts as inside every row's window (the causal test above still applies).
                 pass
                 visible = visible & in_window
             s = tl.where(visible, s, float("-inf"))
-        # The NaN-safe online softmax of stage 5: a row that has seen no key yet has m_new = -inf.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, m_i, l_i = _softmax_update(acc, m_i, l_i, s, v)
         visits += 1                                   # one more key block loaded (the tests count them)
     return acc, m_i, l_i, visits
+
+
+# The ranges of key blocks of stages 5 and 7, unchanged; the sink tokens' come after them.
+@triton.jit
+def _key_blocks(start_m, N_K, shift, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks the query block starting at row start_m needs, as two ranges of block
+    starts: whole blocks [0, full_hi) that every row sees, and the band [full_hi, hi) that the
+    diagonal cuts.  Query row i sees key j iff j <= i + shift."""
+    if CAUSAL:
+        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
+    else:
+        full_hi = N_K // BLOCK_N * BLOCK_N
+        hi = N_K
+    return full_hi, hi
+
+
+@triton.jit
+def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks behind the window that a query block skips: it starts at lo, and the blocks
+    [full_lo, full_hi) are inside every row's window; [lo, full_lo) is the window's masked edge."""
+    lo, full_lo = 0, 0                                        # every key block, the edge masked
+    lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    full_lo = tl.minimum(full_lo, full_hi)
+    return lo, full_lo
+
+
+@triton.jit
+def _sink_blocks(SINK_TOKENS, lo, BLOCK_N: tl.constexpr):
+    """The sink tokens' own range of key blocks, [0, sink_hi), visited before the window's."""
+    sink_hi = 0                                               # no block of their own
+    # TODO(8c): the blocks that hold keys j < SINK_TOKENS, i.e. SINK_TOKENS rounded UP to a
+    # multiple of BLOCK_N, but never past lo: from lo on, the window's ranges load those blocks
+    # already (a block loaded twice counts its keys twice).  The blocks between sink_hi and lo
+    # are skipped.
+    pass
+    return sink_hi
+
+
+@triton.jit
+def _finish(acc, m_i, l_i, o_ptrs, lse_ptrs, row_ok, d_ok):
+    """Normalise the tile and store o (real rows and head-dim columns) and lse, natural log."""
+    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
+    o = acc / l_safe[:, None]
+    tl.store(o_ptrs, o.to(o_ptrs.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptrs, (m_i + tl.log2(l_safe)) * LN2, mask=row_ok)
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW",
@@ -151,33 +214,16 @@ def _flash_forward_kernel(
     visits = 0                                                               # key blocks loaded
     # TODO(8b): with HAS_SINKS, this head's learned sink is a virtual key with logit SINKS[h]
     # and value 0.  Count it as read before every real key: start m_i at its logit in base 2
-    # (SINKS[h] * log2(e)) and l_i at 1 for every row; acc stays 0, since its value is 0.
+    # (SINKS[h] / LN2, as log2(x) = ln(x) / ln(2)) and l_i at 1 for every row; acc stays 0,
+    # since its value is 0.
     pass
 
-    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
-    shift = N_K - N_Q
-    # The key blocks this query block needs (stage 5): whole blocks [0, full_hi) that every row
-    # sees, without a mask; the band [full_hi, hi) the diagonal cuts, masked; nothing above it.
-    if CAUSAL:
-        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
-    else:
-        full_hi = N_K // BLOCK_N * BLOCK_N
-        hi = N_K
-    # With a window (stage 7): [lo, full_lo) is its masked leading edge, [full_lo, full_hi) the
-    # blocks inside every row's window; lo <= full_lo <= full_hi <= hi.
-    lo = 0
-    full_lo = 0
-    sink_hi = 0
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    lo, full_lo, sink_hi = 0, 0, 0
     if HAS_WINDOW:
-        lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-        full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        full_lo = tl.minimum(full_lo, full_hi)
-        # TODO(8c): the sink tokens' own range of key blocks, [0, sink_hi): the blocks that hold
-        # keys j < SINK_TOKENS, i.e. SINK_TOKENS rounded UP to a multiple of BLOCK_N, but never
-        # past lo: from lo on, the window's ranges load those blocks already (a block loaded
-        # twice counts its keys twice).  The blocks between sink_hi and lo are skipped.
-        pass
+        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        sink_hi = _sink_blocks(SINK_TOKENS, lo, BLOCK_N=BLOCK_N)
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
         acc, m_i, l_i, visits = _attend_blocks(                   # the sink tokens behind the window, masked
             acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
@@ -196,15 +242,31 @@ def _flash_forward_kernel(
         offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
         MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
 
-    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
-    # With a learned sink it ends with l_i = 1 and m_i = the sink: o = 0 and lse = sinks[h].
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
-    o = acc / l_safe[:, None]
+    # With a learned sink a row that saw no key ends with l_i = 1 and m_i = the sink: o = 0 and
+    # lse = sinks[h].
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=row_ok)
+    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
     if COUNT_VISITS:
         tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+def _launch_setup(q, Nk, *, sm_scale, block_m, block_n, return_visits):
+    """What every launch of the forward needs: the kernel and its tile (timed by the autotuner on
+    a GPU for long sequences, else fixed: kernels/tuning.py), the outputs and qk_scale."""
+    runtime.check_dtype(q.dtype)
+    B, Hq, Nq, D = q.shape
+    head_dim_pad = triton.next_power_of_2(D)
+    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
+    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
+    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
+                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
+                               block_n=block_n, counting=return_visits)
+    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
+    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
+    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
+              if return_visits else None)                   # key blocks loaded per program
+    qk_scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)) * LOG2E
+    return kernel, dict(HEAD_DIM_PAD=head_dim_pad, **tile), o, lse, visits, qk_scale
 
 
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
@@ -226,34 +288,18 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                                       sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
-    runtime.check_dtype(q.dtype)
-    # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
-    head_dim_pad = triton.next_power_of_2(D)
-    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
-    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
-    # The tile: timed by the autotuner on a GPU for long sequences, else fixed (kernels/tuning.py).
-    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
-                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
-                               block_n=block_n, counting=return_visits)
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
-
-    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
-    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
+    kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
+                                                             block_n=block_n, return_visits=return_visits)
+    def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
-    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
-              if return_visits else None)                   # key blocks loaded per program
     sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
     kernel[grid](
         q, k, v, o, lse, sinks, visits,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, Nq, Nk, D,
-        window if window is not None else 0,
-        sink_tokens,
-        scale * LOG2E,
-        CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None, COUNT_VISITS=return_visits,
-        HEAD_DIM_PAD=head_dim_pad, **tile,
+        Hq, Hq // Hkv, Nq, Nk, D, window if window is not None else 0, sink_tokens, qk_scale,
+        CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
+        COUNT_VISITS=return_visits, **config,
     )
     return (o, lse, visits) if return_visits else (o, lse)
 

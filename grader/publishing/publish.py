@@ -25,6 +25,7 @@ from pathlib import Path
 
 from grader import stages
 from grader.publishing import edition, release
+from kernels.includes import expand_file
 from kernels.loader import ROOT
 
 FOLDER = "published"
@@ -110,7 +111,7 @@ def files_of(stage) -> dict[str, bytes]:
     found = {f"{FOLDER}/{stage.name}.md": note.read_bytes()}
     entries = []
     for name in stage.files():
-        text = (ROOT / "solutions" / name).read_text()
+        text = expand_file(ROOT / "solutions" / name)
         found[f"{FOLDER}/{name}"] = strip_markers(text).encode()
         entries += [dict(h, file=name) for h in holes(text)]
     found[f"{FOLDER}/{stage.name}.holes.json"] = (json.dumps(entries, indent=1) + "\n").encode()
@@ -136,7 +137,7 @@ def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
     allowed = given | published | {s.number for s in chosen}
     new: dict[str, bytes] = {}
     for stage in chosen:
-        solution = strip_markers((ROOT / "solutions" / f"{stage.module}.py").read_text())
+        solution = strip_markers(expand_file(ROOT / "solutions" / f"{stage.module}.py"))
         reveals = sorted(edition.answers_in(solution, keys) - allowed)
         if reveals:
             raise PublishError(f"{stage.name}'s solution holds, as given code, the answers of "

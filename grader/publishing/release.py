@@ -9,6 +9,10 @@ writes.  The comments just above the block (the TODO) stay; the block becomes on
 
 In a ``.cu`` file the markers are ``// BEGIN SOLUTION`` and ``// END SOLUTION``.
 
+An ``# include: stage5_causal._key_blocks`` line takes code from an earlier stage's solution
+(kernels/includes.py); release expands it first, so the learner's file holds that code, answers
+filled in, as given code.
+
 Release never destroys a learner's work.  ``stages/.release.json`` records what release last
 wrote; a stage file that differs from it was edited by the learner and is left alone unless
 ``force=True``, and then it is first copied to ``stages/.backup/``.
@@ -25,6 +29,7 @@ import time
 from pathlib import Path
 
 from grader import files
+from kernels.includes import expand_file
 from kernels.loader import ROOT
 
 MANIFEST = ".release.json"
@@ -84,9 +89,10 @@ def stage_files(solutions: Path) -> list[Path]:
 
 
 def rendered(solutions: Path | None = None) -> dict[str, str]:
-    """File name -> learner text, for every stage file in solutions/."""
+    """File name -> learner text, for every stage file in solutions/ (its includes expanded:
+    an earlier stage's answers become given code)."""
     solutions = solutions or ROOT / "solutions"
-    return {p.name: render(files.read_plain(p).decode(), p.name) for p in stage_files(solutions)}
+    return {p.name: render(expand_file(p), p.name) for p in stage_files(solutions)}
 
 
 def is_untouched(path: Path, solutions: Path | None = None) -> bool:

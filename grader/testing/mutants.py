@@ -16,10 +16,10 @@ loudly (instead of silently testing nothing) when the solution changes under it.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernels.includes import expand_file
 from kernels.loader import ROOT
 
 
@@ -34,10 +34,13 @@ class Mutant:
 
 
 def build(stage, mutant: Mutant, dest: Path) -> Path:
-    """Write the stage's solution files with the mutant's edits applied into ``dest``."""
+    """Write the stage's solution files with the mutant's edits applied into ``dest``.
+
+    The edits apply to the expanded solution (kernels/includes.py), so a mutant may edit code
+    the stage includes from an earlier one."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in stage.files():
-        text = (ROOT / "solutions" / name).read_text()
+        text = expand_file(ROOT / "solutions" / name)
         if name.endswith(mutant.file):
             for old, new in mutant.edits:
                 count = text.count(old)
@@ -52,5 +55,5 @@ def build(stage, mutant: Mutant, dest: Path) -> Path:
 def copy_solution(stage, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for name in stage.files():
-        shutil.copy2(ROOT / "solutions" / name, dest / name)
+        (dest / name).write_text(expand_file(ROOT / "solutions" / name))
     return dest

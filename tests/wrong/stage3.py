@@ -19,7 +19,7 @@ MUTANTS = [
            edits=[("        s = tl.where(col_ok[None, :], s, float(\"-inf\"))\n", "")],
            caught_by=["sequence_lengths", "unequal_lengths"], diagnosis="keys_past_nk"),
     Mutant("lse_base2", "stores the log-sum-exp in base 2 instead of the natural log",
-           edits=[("(m_i + tl.log2(l_i)) * 0.6931471805599453", "(m_i + tl.log2(l_i))")],
+           edits=[("(m_i + tl.log2(l_i)) * LN2", "(m_i + tl.log2(l_i))")],
            caught_by=["head_dims_powers_of_two"], diagnosis="lse_log2"),
     Mutant("padding_columns_unmasked", "loads Q and K without the head-dim mask, so for D that is not a power "
            "of two the padding columns hold the next row's (or head's) numbers and leak into q.k",

@@ -4,11 +4,11 @@ from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("top_left_alignment", "aligns the diagonal top-left (query i sees keys j <= i) when Nq != Nk",
-           edits=[("    shift = N_K - N_Q\n", "    shift = 0\n")],
+           edits=[("    shift = N_K - N_Q ", "    shift = 0 ")],
            caught_by=["causal_bottom_right"], diagnosis="causal_top_left"),
     Mutant("diagonal_off_by_one", "hides each row's own key: j < i + shift instead of j <= i + shift",
-           edits=[("visible = visible & (cols[None, :] <= offs_m[:, None] + shift)",
-                   "visible = visible & (cols[None, :] < offs_m[:, None] + shift)")],
+           edits=[("visible = visible & (cols[None, :] <= rows[:, None] + shift)",
+                   "visible = visible & (cols[None, :] < rows[:, None] + shift)")],
            caught_by=["causal_square", "causal_bottom_right"], diagnosis="causal_off_by_one"),
     Mutant("running_max_not_nan_safe", "stage 3's update: subtracts a running max that is still -inf "
                                        "for a row that has seen no key, so exp2(-inf - -inf) = NaN",
@@ -16,14 +16,14 @@ MUTANTS = [
            caught_by=["rows_that_see_no_key", "causal_bottom_right"], diagnosis="nan_empty_rows"),
     Mutant("tile_local_max", "exponentiates each tile against its own row max: a row fully masked inside "
                              "a tile (block_m != block_n) has max -inf there and turns NaN",
-           edits=[("        p = tl.exp2(s - m_safe[:, None])\n"
-                   "        l_i = l_i * alpha + tl.sum(p, axis=1)\n"
-                   "        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)\n",
-                   "        m_tile = tl.max(s, axis=1)\n"
-                   "        p = tl.exp2(s - m_tile[:, None])\n"
-                   "        beta = tl.exp2(m_tile - m_safe)\n"
-                   "        l_i = l_i * alpha + tl.sum(p, axis=1) * beta\n"
-                   "        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v) * beta[:, None]\n")],
+           edits=[("    p = tl.exp2(s - m_safe[:, None])\n"
+                   "    l_i = l_i * alpha + tl.sum(p, axis=1)\n"
+                   "    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)\n",
+                   "    m_tile = tl.max(s, axis=1)\n"
+                   "    p = tl.exp2(s - m_tile[:, None])\n"
+                   "    beta = tl.exp2(m_tile - m_safe)\n"
+                   "    l_i = l_i * alpha + tl.sum(p, axis=1) * beta\n"
+                   "    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v) * beta[:, None]\n")],
            caught_by=["causal_asymmetric_blocks"], diagnosis="nan_masked_tile"),
     Mutant("empty_rows_divide_by_zero", "divides by l even where it is 0: rows that see no key give 0/0 = NaN",
            edits=[("l_safe = tl.where(l_i == 0.0, 1.0, l_i)", "l_safe = l_i")],

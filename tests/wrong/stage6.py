@@ -12,7 +12,7 @@ MUTANTS = [
            edits=[('return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq', 'return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hkv')],
            caught_by=["gqa_groups", "mqa", "gqa_blocks_skipped"], diagnosis="nan_unwritten"),
     Mutant("top_left_alignment", "stage 5 regression: aligns the causal diagonal top-left when Nq != Nk",
-           edits=[("    shift = N_K - N_Q\n", "    shift = 0\n")],
+           edits=[("    shift = N_K - N_Q ", "    shift = 0 ")],
            caught_by=["gqa_causal_edge_cases", "mqa"], diagnosis="causal_top_left"),
     Mutant("running_max_not_nan_safe", "stage 5 regression: subtracts a running max that is still -inf",
            edits=[("m_safe = tl.where(m_new == float(\"-inf\"), 0.0, m_new)", "m_safe = m_new")],

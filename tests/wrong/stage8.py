@@ -7,7 +7,7 @@ MUTANTS = [
            edits=[("                in_window = in_window | (cols[None, :] < SINK_TOKENS)\n", "")],
            caught_by=["sink_tokens_with_window", "everything_together"], diagnosis="sink_tokens_hidden"),
     Mutant("sink_tokens_dropped", "never visits the sink tokens' own range of key blocks",
-           edits=[("sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)", "sink_hi = 0")],
+           edits=[("    sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)\n", "    sink_hi = 0\n")],
            caught_by=["sink_tokens_with_window"], diagnosis="sink_blocks_skipped"),
     Mutant("sink_range_overlaps_window", "does not stop the sink range at the window's first block, so blocks "
                                          "in both ranges are counted twice",
@@ -19,10 +19,10 @@ MUTANTS = [
            edits=[("sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)", "sink_hi = lo")],
            caught_by=["sink_tokens_visited_not_scanned"]),
     Mutant("learned_sink_natural_log", "starts the running max at sinks[h] without converting it to base 2",
-           edits=[("tl.load(SINKS + h) * 1.4426950408889634", "tl.load(SINKS + h)")],
+           edits=[("tl.load(SINKS + h) / LN2", "tl.load(SINKS + h)")],
            caught_by=["learned_sinks"], diagnosis="sinks_base"),
     Mutant("learned_sink_sign_flipped", "adds exp(-sinks[h]) to the denominator instead of exp(sinks[h])",
-           edits=[("tl.load(SINKS + h) * 1.4426950408889634", "-tl.load(SINKS + h) * 1.4426950408889634")],
+           edits=[("tl.load(SINKS + h) / LN2", "-tl.load(SINKS + h) / LN2")],
            caught_by=["learned_sinks", "learned_sinks_rows_that_see_no_key"], diagnosis="sinks_sign"),
     Mutant("learned_sink_not_in_sum", "starts the running max at the sink but its sum at 0: the sink never "
                                       "reaches the denominator, and lse leaves it out",
