@@ -18,7 +18,8 @@ hook, below) and changes how they are called:
   ``register_autograd`` ties the two together.  The backward has no backward of its own.
 * **Stage 9's kernels, one hook.**  Under ``torch.compile`` a Python float argument reaches a
   user kernel as float64, which spread into the accumulators and broke the compile; stage 9's
-  kernels now cast their scale arguments to float32 first.
+  kernels (and the forward kernel it includes from stage 8) now cast their scale arguments to
+  float32 first.
 * **A launch plan per shape, made outside tracing.**  The tile (BLOCK_M, BLOCK_N, warps,
   stages) of each kernel is chosen once per (shape, dtype, options): the table's first entry
   for short sequences, else stage 9's autotuner run once on random inputs of that shape, with

@@ -115,8 +115,8 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, heads, 
         s_t = tl.dot(k, tl.trans(q)) * qk_scale                                     # (BLOCK_N, BLOCK_M)
         if MASKED:
             if (start_m < full_lo) | (start_m >= full_hi):
-                seen = is_visible(rows[None, :], offs_n[:, None], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
-                s_t = tl.where(seen, s_t, float("-inf"))
+                seen = is_visible(rows, offs_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=True, HAS_WINDOW=HAS_WINDOW)
+                s_t = tl.where(tl.trans(seen), s_t, float("-inf"))
         p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)
         dv += tl.dot(p_t.to(do.dtype), do)
         dp_t = tl.dot(v, tl.trans(do))
@@ -179,10 +179,8 @@ def _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, lo, hi, N_Q, N_K
         v = desc_v.load([kv_bh, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
-            cols = start_n + offs_n
-            seen = cols[None, :] < N_K
-            if CAUSAL:
-                seen = seen & is_visible(pos[:, None], cols[None, :], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
+            seen = is_visible(pos, start_n + offs_n, N_Q, N_K, WINDOW, SINK_TOKENS,
+                              CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW)
             s = tl.where(seen, s, float("-inf"))
         p = tl.exp2(s - lse[:, None] * 1.4426950408889634)
         dp = tl.dot(do, tl.trans(v))

@@ -52,208 +52,15 @@ from kernels import masks, runtime, tuning, validate
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-# =============================================================================================
-# The forward pass: stage 8's, complete (causal, GQA, sliding window, sink tokens, learned sinks).
-# =============================================================================================
-
-LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
-HEAD_DIMS = (16, 256)
-
-
-def padding_waste(head_dim: int) -> float:
-    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
-
-    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
-    0.4375
-    """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
-        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    padded = triton.next_power_of_2(head_dim)
-    return (padded - head_dim) / padded
-
-
-@triton.jit
-def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
-                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
-
-    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
-    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
-    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
-    With HAS_WINDOW it also hides keys j <= i + shift - WINDOW, which have left the window,
-    except the sink tokens j < SINK_TOKENS.
-    """
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        col_ok = cols < N_K
-        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
-        if MASKED:
-            visible = col_ok[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
-            if HAS_WINDOW:
-                in_window = cols[None, :] > offs_m[:, None] + shift - WINDOW
-                in_window = in_window | (cols[None, :] < SINK_TOKENS)
-                visible = visible & in_window
-            s = tl.where(visible, s, float("-inf"))
-        # The NaN-safe online softmax of stage 5: a row that has seen no key yet has m_new = -inf.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-        visits += 1                                   # one more key block loaded (the tests count them)
-    return acc, m_i, l_i, visits
-
-
-@tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW",
-                                             "SINK_TOKENS", "HAS_SINKS", "GROUP"])
-@triton.jit
-def _flash_forward_kernel(
-    Q, K, V, O, LSE, SINKS, VISITS,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
-    H, GROUP, N_Q, N_K, HEAD_DIM,   # H query heads; GROUP = Hq // Hkv of them share a K/V head
-    WINDOW,                         # keys per sliding window (used only with HAS_WINDOW)
-    SINK_TOKENS,                    # the first SINK_TOKENS keys stay visible whatever the window
-    qk_scale,                       # sm_scale * log2(e): scores come out in base 2
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, COUNT_VISITS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-):
-    # A Python float arrives as float32 from Triton's launcher but as float64 from torch.compile's
-    # (solutions/attention_op.py): fix its type, or the float64 would spread into the accumulators.
-    qk_scale = tl.cast(qk_scale, tl.float32)
-    pid_m = tl.program_id(0)        # which block of queries
-    pid_bh = tl.program_id(1)       # which (batch, query head)
-    b = pid_bh // H
-    h = pid_bh % H
-    h_kv = h // GROUP               # the K/V head this query head shares (stage 6)
-
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
-    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
-    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
-    row_ok = offs_m < N_Q
-    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
-
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
-
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
-    visits = 0                                                               # key blocks loaded
-    if HAS_SINKS:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + h) * 1.4426950408889634
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-
-    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
-    shift = N_K - N_Q
-    # The key blocks this query block needs (stage 5): whole blocks [0, full_hi) that every row
-    # sees, without a mask; the band [full_hi, hi) the diagonal cuts, masked; nothing above it.
-    if CAUSAL:
-        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
-    else:
-        full_hi = N_K // BLOCK_N * BLOCK_N
-        hi = N_K
-    # With a window (stage 7): [lo, full_lo) is its masked leading edge, [full_lo, full_hi) the
-    # blocks inside every row's window; lo <= full_lo <= full_hi <= hi.
-    lo = 0
-    full_lo = 0
-    sink_hi = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-        full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        full_lo = tl.minimum(full_lo, full_hi)
-        sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)
-    if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
-        acc, m_i, l_i, visits = _attend_blocks(                   # the sink tokens behind the window, masked
-            acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
-            offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-            MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the window's leading edge, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-        MASKED=False, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-
-    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
-    # With a learned sink it ends with l_i = 1 and m_i = the sink: o = 0 and lse = sinks[h].
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
-    o = acc / l_safe[:, None]
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=row_ok)
-    if COUNT_VISITS:
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
-
-
-def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
-                    sinks: torch.Tensor | None = None, sm_scale: float | None = None,
-                    block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
-    """FlashAttention forward with every feature of the workbook; returns ``(o, lse)``.
-
-    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 (query head h reads K/V head
-    h // (Hq // Hkv)) and 16 <= D <= 256; any Nq, Nk >= 1; any strides.
-    float16/float32 (and bfloat16 on a GPU).  ``causal=True`` aligns the diagonal bottom-right:
-    query i sees key j iff j <= i + (Nk - Nq); a row that sees no key gets o = 0, lse = -inf.
-    ``window=W`` (needs causal) keeps the W most recent keys: i' - W < j <= i', i' = i + (Nk - Nq).
-    ``sink_tokens=S`` keeps keys j < S visible whatever the window (never past the diagonal).
-    ``sinks``: float32 (Hq,) learned logits, one virtual zero-valued key per query head added to
-    every row's softmax denominator; lse includes it, and a row with no visible key gets
-    o = 0, lse = sinks[h].
-    ``block_m``/``block_n`` override the tile shape.  ``return_visits=True`` also returns an
-    int32 tensor (B, Hq, cdiv(Nq, block_m)): how many key blocks each query block's program loaded.
-    """
-    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
-                                                      sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
-    runtime.check_dtype(q.dtype)
-    # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
-    head_dim_pad = triton.next_power_of_2(D)
-    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
-    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
-    # The tile: timed by the autotuner on a GPU for long sequences, else fixed (kernels/tuning.py).
-    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
-                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
-                               block_n=block_n, counting=return_visits)
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
-
-    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
-    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
-        return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
-
-    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
-              if return_visits else None)                   # key blocks loaded per program
-    sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
-    kernel[grid](
-        q, k, v, o, lse, sinks, visits,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, Nq, Nk, D,
-        window if window is not None else 0,
-        sink_tokens,
-        scale * LOG2E,
-        CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None, COUNT_VISITS=return_visits,
-        HEAD_DIM_PAD=head_dim_pad, **tile,
-    )
-    return (o, lse, visits) if return_visits else (o, lse)
+# The forward is stage 8's, complete (causal, GQA, sliding window, sink tokens, learned sinks).
+# Its helpers are the backward's too: the visibility rule (_visible, _in_window, and the sink
+# tokens) and the ranges of key blocks (_key_blocks, _window_blocks, _sink_blocks).
+# include: stage3_flash_forward.LOG2E, stage3_flash_forward.LN2, stage3_flash_forward.HEAD_DIMS
+# include: stage5_causal._visible, stage7_sliding_window._in_window
+# include: stage5_causal._scores, stage5_causal._softmax_update, stage8_sinks._attend_blocks
+# include: stage5_causal._key_blocks, stage7_sliding_window._window_blocks, stage8_sinks._sink_blocks
+# include: stage5_causal._finish, stage8_sinks._flash_forward_kernel
+# include: stage5_causal._launch_setup, stage8_sinks.flash_attention
 
 
 # =============================================================================================
@@ -417,18 +224,18 @@ PREPROCESS_BLOCK_M = 128 if runtime.ON_GPU else 64     # delta's query block (it
 # on them, and must skip exactly the same tiles.
 
 @triton.jit
-def is_visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.constexpr):
-    """May query ``q_idx`` see key ``kv_idx``?  Causal, bottom-right aligned (kernels/masks.py).
+def is_visible(rows, cols, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """The forward's visibility rule, (rows, cols) booleans: may query row i see key j?
 
-    ``q_idx`` and ``kv_idx`` broadcast against each other, like the mask functions: a column
-    of queries and a row of keys give a (queries, keys) tile, and the transposes a (keys,
-    queries) tile.
+    Stage 5's _visible (j < N_K and, with CAUSAL, j <= i + shift, bottom-right aligned), and
+    with HAS_WINDOW stage 7's _in_window, except for stage 8's sink tokens j < SINK_TOKENS.
+    A (keys, queries) tile, as the dK/dV kernel holds, is its transpose.
     """
-    pos = q_idx + (N_K - N_Q)                       # the query's position among the keys
-    ok = kv_idx <= pos
+    shift = N_K - N_Q
+    visible = _visible(rows, cols, N_K, shift, CAUSAL=CAUSAL)
     if HAS_WINDOW:
-        ok = ok & ((kv_idx > pos - WINDOW) | (kv_idx < SINK_TOKENS))
-    return ok
+        visible = visible & (_in_window(rows, cols, shift, WINDOW) | (cols[None, :] < SINK_TOKENS))
+    return visible
 
 
 @triton.jit
@@ -438,25 +245,25 @@ def query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
     """The query rows [lo, hi) that can see some key of the block starting at ``start_n``, and
     within them the blocks [full_lo, full_hi) that see every key of it (no mask needed).
 
-    Causal: the first query that sees key j is j - (Nk - Nq), so start at the query block
-    holding it (the diagonal) and go down; the block's last key is seen from row
-    start_n + BLOCK_N - 1 - (Nk - Nq) on.  A window: key j drops out of the window after
-    query j - (Nk - Nq) + W - 1, so stop there; the block's first key drops out first.  Sink
-    tokens never drop out.
+    The forward's ranges seen from the key side.  Causal: the first query that sees key j is
+    j - shift, shift = Nk - Nq, so start at the query block holding it (the diagonal) and go
+    down; the block's last key is seen from row start_n + BLOCK_N - 1 - shift on.  A window:
+    key j drops out of the window after query j - shift + W - 1, so stop there; the block's
+    first key drops out first.  Sink tokens never drop out.
     """
     lo = 0
     hi = N_Q
     full_lo = 0
     full_hi = N_Q
     if CAUSAL:
-        offset = N_K - N_Q
-        lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
-        full_lo = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M, hi)
+        shift = N_K - N_Q
+        lo = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+        full_lo = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
         if HAS_WINDOW:
-            window_hi = tl.minimum(start_n + BLOCK_N - 1 - offset + WINDOW, N_Q)
+            window_hi = tl.minimum(start_n + BLOCK_N - 1 - shift + WINDOW, N_Q)
             hi = tl.where(start_n < SINK_TOKENS, N_Q, window_hi)
             full_lo = tl.minimum(full_lo, hi)
-            full_hi = tl.maximum(tl.minimum(tl.maximum(start_n - offset + WINDOW, 0) // BLOCK_M * BLOCK_M, hi),
+            full_hi = tl.maximum(tl.minimum(tl.maximum(start_n - shift + WINDOW, 0) // BLOCK_M * BLOCK_M, hi),
                                  full_lo)
     return lo, full_lo, full_hi, hi
 
@@ -465,31 +272,17 @@ def query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
 def key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The keys the query block starting at ``start_m`` can see, as in the forward:
-    sink-token blocks [0, sink_hi), then the causal (or windowed) range [lo, hi), and within
-    it the blocks [full_lo, full_hi) that every row of the block sees whole (no mask needed).
-
-    Causal: the block's last query sees up to key start_m + BLOCK_M - 1 + (Nk - Nq), its first
-    up to start_m + (Nk - Nq).  A window: its first query sees nothing before
-    start_m + (Nk - Nq) - W + 1, its last nothing before start_m + BLOCK_M - 1 + (Nk - Nq) - W + 1.
-    The ranges never overlap: sink_hi <= lo <= full_lo <= full_hi <= hi.
+    """The keys the query block starting at ``start_m`` can see: the forward's ranges, from the
+    forward's helpers.  Sink-token blocks [0, sink_hi), then the causal (or windowed) range
+    [lo, hi), and within it the blocks [full_lo, full_hi) that every row of the block sees
+    whole (no mask needed).  The ranges never overlap: sink_hi <= lo <= full_lo <= full_hi <= hi.
     """
-    lo = 0
-    hi = N_K
-    sink_hi = 0
-    full_lo = 0
-    full_hi = N_K // BLOCK_N * BLOCK_N                        # the partial last block is masked
-    if CAUSAL:
-        offset = N_K - N_Q
-        hi = tl.maximum(tl.minimum(start_m + BLOCK_M + offset, N_K), 0)
-        full_hi = tl.minimum(tl.maximum(start_m + offset + 1, 0) // BLOCK_N * BLOCK_N, hi)
-        if HAS_WINDOW:
-            lo = tl.maximum(start_m + offset - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-            sink_hi = tl.minimum(tl.cdiv(SINK_TOKENS, BLOCK_N) * BLOCK_N, lo)
-            full_lo = tl.minimum(tl.cdiv(tl.maximum(start_m + BLOCK_M + offset - WINDOW, 0), BLOCK_N) * BLOCK_N,
-                                 full_hi)
-            full_lo = tl.maximum(full_lo, lo)
-            full_hi = tl.maximum(full_hi, full_lo)
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    lo, full_lo, sink_hi = 0, 0, 0
+    if HAS_WINDOW:
+        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        sink_hi = _sink_blocks(SINK_TOKENS, lo, BLOCK_N=BLOCK_N)
     return sink_hi, lo, full_lo, full_hi, hi
 
 
@@ -524,7 +317,7 @@ def _bwd_preprocess_kernel(
     tl.store(DELTA + pid_bh * N_Q + offs_m, delta, mask=row_ok)
     if HAS_SINKS:
         lse = tl.load(LSE + pid_bh * N_Q + offs_m, mask=row_ok, other=float("inf"))
-        p_sink = tl.exp2((tl.load(SINKS + h) - lse) * 1.4426950408889634)     # the sink's share of each row
+        p_sink = tl.exp2((tl.load(SINKS + h) - lse) / LN2)                    # the sink's share of each row
         tl.store(DSINKS_PART + pid_bh * tl.num_programs(0) + pid_m, -tl.sum(p_sink * delta))
     # END SOLUTION
 
@@ -558,7 +351,7 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
         # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
         # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
         # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
-        # (is_visible(rows[None, :], offs_n[:, None], ...)).  Rows past N_Q: load their lse as
+        # (the transpose of is_visible(rows, offs_n, ...)).  Rows past N_Q: load their lse as
         # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
         # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
         # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
@@ -573,9 +366,9 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
         s_t = tl.dot(k, tl.trans(q)) * qk_scale                                     # (BLOCK_N, BLOCK_M)
         if MASKED:
             if (start_m < full_lo) | (start_m >= full_hi):     # only blocks that see part of the key block
-                seen = is_visible(rows[None, :], offs_n[:, None], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
-                s_t = tl.where(seen, s_t, float("-inf"))
-        p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)                      # 0 where masked
+                seen = is_visible(rows, offs_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=True, HAS_WINDOW=HAS_WINDOW)
+                s_t = tl.where(tl.trans(seen), s_t, float("-inf"))
+        p_t = tl.exp2(s_t - lse[None, :] / LN2)                                     # 0 where masked
         dv += tl.dot(p_t.to(do.dtype), do)
         dp_t = tl.dot(v, tl.trans(do))                                              # (BLOCK_N, BLOCK_M)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -607,7 +400,7 @@ def _bwd_dkdv_kernel(
     pid_n = tl.program_id(0)        # which block of keys
     pid_bh = tl.program_id(1)       # which (batch, KV head)
     b = pid_bh // H_KV
-    kv_h = pid_bh % H_KV
+    h_kv = pid_bh % H_KV
     start_n = pid_n * BLOCK_N
 
     offs_n = start_n + tl.arange(0, BLOCK_N)                  # key rows of this program
@@ -615,19 +408,19 @@ def _bwd_dkdv_kernel(
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
     kv_ok = (offs_n < N_K)[:, None] & d_ok[None, :]
-    k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+    k = tl.load(K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=kv_ok, other=0.0)                        # (BLOCK_N, HEAD_DIM_PAD)
-    v = tl.load(V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+    v = tl.load(V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=kv_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
     # The query blocks to visit: masked [lo, full_lo), whole [full_lo, full_hi), masked [full_hi, hi)
     # (with a window: all of [lo, hi) masked, see below).
-    lo, full_lo, full_hi, hi = query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                               BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, hi = query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
+                                               HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     n_key_blocks = tl.num_programs(0)
-    h0 = kv_h * GROUP                                         # the first query head that reads this KV head
+    h0 = h_kv * GROUP                                         # the first query head that reads this KV head
     q_group = Q + b * stride_qb + h0 * stride_qh + offs_d[None, :] * stride_qd
     do_group = DO + b * stride_dob + h0 * stride_doh + offs_d[None, :] * stride_dod
     stats_group = (b * H_Q + h0) * N_Q                        # its rows in LSE and DELTA; the next heads follow
@@ -637,26 +430,26 @@ def _bwd_dkdv_kernel(
         # in the blocks that need it (outside [full_lo, full_hi)) instead of three loops.
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, lo, hi, N_Q, N_K, WINDOW,
-                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, True, HAS_WINDOW,
-                              BLOCK_M, COUNT_VISITS)
+                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, MASKED=True,
+                              HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, COUNT_VISITS=COUNT_VISITS)
     else:
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, lo, full_lo, N_Q, N_K, WINDOW,
-                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, True, HAS_WINDOW,
-                              BLOCK_M, COUNT_VISITS)
+                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, MASKED=True,
+                              HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, COUNT_VISITS=COUNT_VISITS)
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, full_lo, full_hi, N_Q, N_K, WINDOW,
-                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, False,
-                              HAS_WINDOW, BLOCK_M, COUNT_VISITS)
+                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, MASKED=False,
+                              HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, COUNT_VISITS=COUNT_VISITS)
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, full_hi, hi, N_Q, N_K, WINDOW,
-                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, True, HAS_WINDOW,
-                              BLOCK_M, COUNT_VISITS)
+                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, MASKED=True,
+                              HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, COUNT_VISITS=COUNT_VISITS)
 
     dk = dk * sm_scale                                        # dS was taken w.r.t. the scaled scores
-    tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_ok)
-    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
@@ -676,8 +469,9 @@ def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn
         cols = start_n + offs_n
         col_ok = cols < N_K
         # TODO(9d): load the K and V tiles of these keys (zeros outside), rebuild
-        # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and, in a MASKED block, zero it where a
-        # key is past N_K or, with CAUSAL, not visible (is_visible(rows[:, None], cols[None, :], ...)).
+        # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and, in a MASKED block, zero it where
+        # is_visible(rows, cols, ...) is False (a key past N_K, after the row's diagonal or
+        # outside its window).
         # Then dp = dO @ v^T, ds = p * (dp - delta) and dq += ds @ k.
         # BEGIN SOLUTION stub=pass
         tile_ok = col_ok[:, None] & d_ok[None, :]
@@ -685,11 +479,9 @@ def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn
         v = tl.load(v_base + cols[:, None] * stride_vn, mask=tile_ok, other=0.0)
         s = tl.dot(q, tl.trans(k)) * qk_scale                                        # (BLOCK_M, BLOCK_N)
         if MASKED:
-            seen = col_ok[None, :]
-            if CAUSAL:
-                seen = seen & is_visible(rows[:, None], cols[None, :], N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW)
+            seen = is_visible(rows, cols, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW)
             s = tl.where(seen, s, float("-inf"))
-        p = tl.exp2(s - lse[:, None] * 1.4426950408889634)                           # 0 where masked
+        p = tl.exp2(s - lse[:, None] / LN2)                                          # 0 where masked
         dp = tl.dot(do, tl.trans(v))                                                 # (BLOCK_M, BLOCK_N)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k)
@@ -725,7 +517,7 @@ def _bwd_dq_kernel(
     pid_hp = tl.program_id(1)       # which PACK query heads: (batch * H_Q + h0) // PACK
     b = pid_hp * PACK // H_Q
     h0 = pid_hp * PACK % H_Q
-    kv_h = h0 // GROUP              # GQA: the KV head these query heads read
+    h_kv = h0 // GROUP              # GQA: the KV head these query heads read
     start_m = pid_m * ROWS
 
     tile_rows = tl.arange(0, BLOCK_M)
@@ -744,26 +536,30 @@ def _bwd_dq_kernel(
     delta = tl.load(DELTA + stats, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    k_base = K + b * stride_kb + kv_h * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + b * stride_vb + kv_h * stride_vh + offs_d[None, :] * stride_vd
+    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
     visits_row = VISITS + pid_hp * tl.num_programs(0) * tl.cdiv(N_K, BLOCK_N) + pid_m * tl.cdiv(N_K, BLOCK_N)
     # The key blocks to visit: the sink tokens [0, sink_hi) and the window's leading edge
     # [lo, full_lo), masked; whole blocks [full_lo, full_hi); the diagonal band [full_hi, hi), masked.
-    sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                                      ROWS, BLOCK_N)
+    sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
+                                                      HAS_WINDOW=HAS_WINDOW, BLOCK_M=ROWS, BLOCK_N=BLOCK_N)
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
         dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
                         N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                        True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                        MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
+                        HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
     dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                    MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
+                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
     dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    False, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                    MASKED=False, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
+                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
     dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                    MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
+                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
 
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqn

@@ -52,63 +52,120 @@ from kernels import masks, runtime, tuning, validate
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-# =============================================================================================
-# The forward pass: stage 8's, complete (causal, GQA, sliding window, sink tokens, learned sinks).
-# =============================================================================================
-
-LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
+# The forward is stage 8's, complete (causal, GQA, sliding window, sink tokens, learned sinks).
+# Its helpers are the backward's too: the visibility rule (_visible, _in_window, and the sink
+# tokens) and the ranges of key blocks (_key_blocks, _window_blocks, _sink_blocks).
+LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E); the wrapper folds it into the scale
+LN2 = tl.constexpr(0.6931471805599453)   # ln(2): log(x) == log2(x) * LN2; a constexpr, so kernels may read it
 HEAD_DIMS = (16, 256)
 
 
-def padding_waste(head_dim: int) -> float:
-    """Fraction of the QK^T and PV work spent on padding when ``head_dim`` is rounded up to a power of two.
+@triton.jit
+def _visible(rows, cols, N_K, shift, CAUSAL: tl.constexpr):
+    """The visibility rule, (rows, cols) booleans: query row i sees key j iff j < N_K and, with
+    CAUSAL, j <= i + shift, where shift = N_K - N_Q (bottom-right alignment)."""
+    visible = cols[None, :] < N_K                             # stage 3's rule: no key past N_K
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= rows[:, None] + shift)
+    return visible
 
-    >>> padding_waste(72)   # computed as 128: 56 of every 128 columns are zeros
-    0.4375
-    """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
-        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    padded = triton.next_power_of_2(head_dim)
-    return (padded - head_dim) / padded
+
+@triton.jit
+def _in_window(rows, cols, shift, WINDOW):
+    """The sliding window, (rows, cols) booleans: key j is inside row i's window iff
+    j > i + shift - WINDOW, so WINDOW keys up to the row's diagonal i + shift, its own included."""
+    in_window = cols[None, :] > rows[:, None] + shift - WINDOW
+    return in_window
+
+
+@triton.jit
+def _scores(q, k_base, v_base, cols, stride_kn, stride_vn, N_K, d_ok, qk_scale):
+    """One key block's scores against the query tile, in base 2, and its values (stage 3's loads)."""
+    col_ok = cols < N_K
+    k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+    return tl.dot(q, tl.trans(k)) * qk_scale, v                             # (BLOCK_M, BLOCK_N), v
+
+
+@triton.jit
+def _softmax_update(acc, m_i, l_i, s, v):
+    """Stage 3's online-softmax update of one tile of scores, made NaN-safe."""
+    # A row that has seen no key yet has m_new = -inf: subtract 0 from it instead.
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
 def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
                    lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
+    """Stage 7's loop over the key blocks lo, lo + BLOCK_N, ... (below hi) of one query tile.
 
-    MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
-    MASKED=True hides keys past N_K and, with CAUSAL, keys after the row's diagonal: query
-    row i sees key j iff j <= i + shift, where shift = N_K - N_Q (bottom-right alignment).
-    With HAS_WINDOW it also hides keys j <= i + shift - WINDOW, which have left the window,
-    except the sink tokens j < SINK_TOKENS.
+    MASKED=True applies stage 5's rule, _visible, and with HAS_WINDOW also _in_window, except
+    for the sink tokens j < SINK_TOKENS.
     """
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        col_ok = cols < N_K
-        k = tl.load(k_base + cols[:, None] * stride_kn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale                                # (BLOCK_M, BLOCK_N)
+        s, v = _scores(q, k_base, v_base, cols, stride_kn, stride_vn, N_K, d_ok, qk_scale)
         if MASKED:
-            visible = col_ok[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+            visible = _visible(offs_m, cols, N_K, shift, CAUSAL=CAUSAL)
             if HAS_WINDOW:
-                in_window = cols[None, :] > offs_m[:, None] + shift - WINDOW
+                in_window = _in_window(offs_m, cols, shift, WINDOW)
                 in_window = in_window | (cols[None, :] < SINK_TOKENS)
                 visible = visible & in_window
             s = tl.where(visible, s, float("-inf"))
-        # The NaN-safe online softmax of stage 5: a row that has seen no key yet has m_new = -inf.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)                # -inf - -inf is NaN; -inf - 0 is not
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        acc, m_i, l_i = _softmax_update(acc, m_i, l_i, s, v)
         visits += 1                                   # one more key block loaded (the tests count them)
     return acc, m_i, l_i, visits
+
+
+@triton.jit
+def _key_blocks(start_m, N_K, shift, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks the query block starting at row start_m needs, as two ranges of block
+    starts: whole blocks [0, full_hi) that every row sees, and the band [full_hi, hi) that the
+    diagonal cuts.  Query row i sees key j iff j <= i + shift."""
+    if CAUSAL:
+        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
+    else:
+        full_hi = N_K // BLOCK_N * BLOCK_N
+        hi = N_K
+    return full_hi, hi
+
+
+@triton.jit
+def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks behind the window that a query block skips: it starts at lo, and the blocks
+    [full_lo, full_hi) are inside every row's window; [lo, full_lo) is the window's masked edge."""
+    lo, full_lo = 0, 0                                        # every key block, the edge masked
+    lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    full_lo = tl.minimum(full_lo, full_hi)
+    return lo, full_lo
+
+
+@triton.jit
+def _sink_blocks(SINK_TOKENS, lo, BLOCK_N: tl.constexpr):
+    """The sink tokens' own range of key blocks, [0, sink_hi), visited before the window's."""
+    sink_hi = 0                                               # no block of their own
+    sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)
+    return sink_hi
+
+
+@triton.jit
+def _finish(acc, m_i, l_i, o_ptrs, lse_ptrs, row_ok, d_ok):
+    """Normalise the tile and store o (real rows and head-dim columns) and lse, natural log."""
+    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
+    o = acc / l_safe[:, None]
+    tl.store(o_ptrs, o.to(o_ptrs.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptrs, (m_i + tl.log2(l_safe)) * LN2, mask=row_ok)
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW",
@@ -128,7 +185,8 @@ def _flash_forward_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
     # A Python float arrives as float32 from Triton's launcher but as float64 from torch.compile's
-    # (solutions/attention_op.py): fix its type, or the float64 would spread into the accumulators.
+    # (stage 9's op, solutions/attention_op.py): fix its type, or the float64 would spread into
+    # the accumulators.
     qk_scale = tl.cast(qk_scale, tl.float32)
     pid_m = tl.program_id(0)        # which block of queries
     pid_bh = tl.program_id(1)       # which (batch, query head)
@@ -153,29 +211,15 @@ def _flash_forward_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
     visits = 0                                                               # key blocks loaded
     if HAS_SINKS:
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + h) * 1.4426950408889634
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + h) / LN2
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
 
-    # Query row i sees key j iff j <= i + shift (bottom-right alignment).
-    shift = N_K - N_Q
-    # The key blocks this query block needs (stage 5): whole blocks [0, full_hi) that every row
-    # sees, without a mask; the band [full_hi, hi) the diagonal cuts, masked; nothing above it.
-    if CAUSAL:
-        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)
-    else:
-        full_hi = N_K // BLOCK_N * BLOCK_N
-        hi = N_K
-    # With a window (stage 7): [lo, full_lo) is its masked leading edge, [full_lo, full_hi) the
-    # blocks inside every row's window; lo <= full_lo <= full_hi <= hi.
-    lo = 0
-    full_lo = 0
-    sink_hi = 0
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    lo, full_lo, sink_hi = 0, 0, 0
     if HAS_WINDOW:
-        lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-        full_lo = (tl.maximum(start_m + BLOCK_M + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        full_lo = tl.minimum(full_lo, full_hi)
-        sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)
+        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        sink_hi = _sink_blocks(SINK_TOKENS, lo, BLOCK_N=BLOCK_N)
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
         acc, m_i, l_i, visits = _attend_blocks(                   # the sink tokens behind the window, masked
             acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
@@ -194,15 +238,31 @@ def _flash_forward_kernel(
         offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
         MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
 
-    # A row that saw no key ends with l_i = 0 and m_i = -inf: o = 0 and lse = -inf, not NaN.
-    # With a learned sink it ends with l_i = 1 and m_i = the sink: o = 0 and lse = sinks[h].
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)                                 # rows that saw no key
-    o = acc / l_safe[:, None]
+    # With a learned sink a row that saw no key ends with l_i = 1 and m_i = the sink: o = 0 and
+    # lse = sinks[h].
     o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    tl.store(LSE + pid_bh * N_Q + offs_m, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=row_ok)
+    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
     if COUNT_VISITS:
         tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+def _launch_setup(q, Nk, *, sm_scale, block_m, block_n, return_visits):
+    """What every launch of the forward needs: the kernel and its tile (timed by the autotuner on
+    a GPU for long sequences, else fixed: kernels/tuning.py), the outputs and qk_scale."""
+    runtime.check_dtype(q.dtype)
+    B, Hq, Nq, D = q.shape
+    head_dim_pad = triton.next_power_of_2(D)
+    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
+    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
+    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
+                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
+                               block_n=block_n, counting=return_visits)
+    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
+    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
+    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
+              if return_visits else None)                   # key blocks loaded per program
+    qk_scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)) * LOG2E
+    return kernel, dict(HEAD_DIM_PAD=head_dim_pad, **tile), o, lse, visits, qk_scale
 
 
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
@@ -224,34 +284,18 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                                       sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
-    runtime.check_dtype(q.dtype)
-    # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
-    head_dim_pad = triton.next_power_of_2(D)
-    block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
-    block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
-    # The tile: timed by the autotuner on a GPU for long sequences, else fixed (kernels/tuning.py).
-    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
-                               interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
-                               block_n=block_n, counting=return_visits)
-    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
-
-    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
-    lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
+    kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
+                                                             block_n=block_n, return_visits=return_visits)
+    def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
-    visits = (torch.empty(B, Hq, triton.cdiv(Nq, tile["BLOCK_M"]), device=q.device, dtype=torch.int32)
-              if return_visits else None)                   # key blocks loaded per program
     sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
     kernel[grid](
         q, k, v, o, lse, sinks, visits,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, Nq, Nk, D,
-        window if window is not None else 0,
-        sink_tokens,
-        scale * LOG2E,
-        CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None, COUNT_VISITS=return_visits,
-        HEAD_DIM_PAD=head_dim_pad, **tile,
+        Hq, Hq // Hkv, Nq, Nk, D, window if window is not None else 0, sink_tokens, qk_scale,
+        CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
+        COUNT_VISITS=return_visits, **config,
     )
     return (o, lse, visits) if return_visits else (o, lse)
 
@@ -307,7 +351,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
         #   dv += p^T @ dO, dp = dO @ vj^T, ds = p * (dp - delta),
         #   dq += scale * ds @ kj, dk += scale * ds^T @ qi,
         # summing dk and dv over the group's heads (dimension 2).
-        raise NotImplementedError("stage9_backward.py: fill in the TODO at line 310")
+        raise NotImplementedError("stage9_backward.py: fill in the TODO at line 354")
     dsinks = dsinks.flatten().to(sinks.dtype) if sinks is not None else None
     return (dq.flatten(1, 2).to(q.dtype), dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype), dsinks)
 
@@ -400,18 +444,18 @@ PREPROCESS_BLOCK_M = 128 if runtime.ON_GPU else 64     # delta's query block (it
 # on them, and must skip exactly the same tiles.
 
 @triton.jit
-def is_visible(q_idx, kv_idx, N_Q, N_K, WINDOW, SINK_TOKENS, HAS_WINDOW: tl.constexpr):
-    """May query ``q_idx`` see key ``kv_idx``?  Causal, bottom-right aligned (kernels/masks.py).
+def is_visible(rows, cols, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """The forward's visibility rule, (rows, cols) booleans: may query row i see key j?
 
-    ``q_idx`` and ``kv_idx`` broadcast against each other, like the mask functions: a column
-    of queries and a row of keys give a (queries, keys) tile, and the transposes a (keys,
-    queries) tile.
+    Stage 5's _visible (j < N_K and, with CAUSAL, j <= i + shift, bottom-right aligned), and
+    with HAS_WINDOW stage 7's _in_window, except for stage 8's sink tokens j < SINK_TOKENS.
+    A (keys, queries) tile, as the dK/dV kernel holds, is its transpose.
     """
-    pos = q_idx + (N_K - N_Q)                       # the query's position among the keys
-    ok = kv_idx <= pos
+    shift = N_K - N_Q
+    visible = _visible(rows, cols, N_K, shift, CAUSAL=CAUSAL)
     if HAS_WINDOW:
-        ok = ok & ((kv_idx > pos - WINDOW) | (kv_idx < SINK_TOKENS))
-    return ok
+        visible = visible & (_in_window(rows, cols, shift, WINDOW) | (cols[None, :] < SINK_TOKENS))
+    return visible
 
 
 @triton.jit
@@ -421,25 +465,25 @@ def query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
     """The query rows [lo, hi) that can see some key of the block starting at ``start_n``, and
     within them the blocks [full_lo, full_hi) that see every key of it (no mask needed).
 
-    Causal: the first query that sees key j is j - (Nk - Nq), so start at the query block
-    holding it (the diagonal) and go down; the block's last key is seen from row
-    start_n + BLOCK_N - 1 - (Nk - Nq) on.  A window: key j drops out of the window after
-    query j - (Nk - Nq) + W - 1, so stop there; the block's first key drops out first.  Sink
-    tokens never drop out.
+    The forward's ranges seen from the key side.  Causal: the first query that sees key j is
+    j - shift, shift = Nk - Nq, so start at the query block holding it (the diagonal) and go
+    down; the block's last key is seen from row start_n + BLOCK_N - 1 - shift on.  A window:
+    key j drops out of the window after query j - shift + W - 1, so stop there; the block's
+    first key drops out first.  Sink tokens never drop out.
     """
     lo = 0
     hi = N_Q
     full_lo = 0
     full_hi = N_Q
     if CAUSAL:
-        offset = N_K - N_Q
-        lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
-        full_lo = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M, hi)
+        shift = N_K - N_Q
+        lo = tl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+        full_lo = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M, hi)
         if HAS_WINDOW:
-            window_hi = tl.minimum(start_n + BLOCK_N - 1 - offset + WINDOW, N_Q)
+            window_hi = tl.minimum(start_n + BLOCK_N - 1 - shift + WINDOW, N_Q)
             hi = tl.where(start_n < SINK_TOKENS, N_Q, window_hi)
             full_lo = tl.minimum(full_lo, hi)
-            full_hi = tl.maximum(tl.minimum(tl.maximum(start_n - offset + WINDOW, 0) // BLOCK_M * BLOCK_M, hi),
+            full_hi = tl.maximum(tl.minimum(tl.maximum(start_n - shift + WINDOW, 0) // BLOCK_M * BLOCK_M, hi),
                                  full_lo)
     return lo, full_lo, full_hi, hi
 
@@ -448,31 +492,17 @@ def query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
 def key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The keys the query block starting at ``start_m`` can see, as in the forward:
-    sink-token blocks [0, sink_hi), then the causal (or windowed) range [lo, hi), and within
-    it the blocks [full_lo, full_hi) that every row of the block sees whole (no mask needed).
-
-    Causal: the block's last query sees up to key start_m + BLOCK_M - 1 + (Nk - Nq), its first
-    up to start_m + (Nk - Nq).  A window: its first query sees nothing before
-    start_m + (Nk - Nq) - W + 1, its last nothing before start_m + BLOCK_M - 1 + (Nk - Nq) - W + 1.
-    The ranges never overlap: sink_hi <= lo <= full_lo <= full_hi <= hi.
+    """The keys the query block starting at ``start_m`` can see: the forward's ranges, from the
+    forward's helpers.  Sink-token blocks [0, sink_hi), then the causal (or windowed) range
+    [lo, hi), and within it the blocks [full_lo, full_hi) that every row of the block sees
+    whole (no mask needed).  The ranges never overlap: sink_hi <= lo <= full_lo <= full_hi <= hi.
     """
-    lo = 0
-    hi = N_K
-    sink_hi = 0
-    full_lo = 0
-    full_hi = N_K // BLOCK_N * BLOCK_N                        # the partial last block is masked
-    if CAUSAL:
-        offset = N_K - N_Q
-        hi = tl.maximum(tl.minimum(start_m + BLOCK_M + offset, N_K), 0)
-        full_hi = tl.minimum(tl.maximum(start_m + offset + 1, 0) // BLOCK_N * BLOCK_N, hi)
-        if HAS_WINDOW:
-            lo = tl.maximum(start_m + offset - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-            sink_hi = tl.minimum(tl.cdiv(SINK_TOKENS, BLOCK_N) * BLOCK_N, lo)
-            full_lo = tl.minimum(tl.cdiv(tl.maximum(start_m + BLOCK_M + offset - WINDOW, 0), BLOCK_N) * BLOCK_N,
-                                 full_hi)
-            full_lo = tl.maximum(full_lo, lo)
-            full_hi = tl.maximum(full_hi, full_lo)
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    lo, full_lo, sink_hi = 0, 0, 0
+    if HAS_WINDOW:
+        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        sink_hi = _sink_blocks(SINK_TOKENS, lo, BLOCK_N=BLOCK_N)
     return sink_hi, lo, full_lo, full_hi, hi
 
 
@@ -532,7 +562,7 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
         # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
         # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
         # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
-        # (is_visible(rows[None, :], offs_n[:, None], ...)).  Rows past N_Q: load their lse as
+        # (the transpose of is_visible(rows, offs_n, ...)).  Rows past N_Q: load their lse as
         # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
         # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
         # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
@@ -564,7 +594,7 @@ def _bwd_dkdv_kernel(
     pid_n = tl.program_id(0)        # which block of keys
     pid_bh = tl.program_id(1)       # which (batch, KV head)
     b = pid_bh // H_KV
-    kv_h = pid_bh % H_KV
+    h_kv = pid_bh % H_KV
     start_n = pid_n * BLOCK_N
 
     offs_n = start_n + tl.arange(0, BLOCK_N)                  # key rows of this program
@@ -572,19 +602,19 @@ def _bwd_dkdv_kernel(
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d < HEAD_DIM
     kv_ok = (offs_n < N_K)[:, None] & d_ok[None, :]
-    k = tl.load(K + b * stride_kb + kv_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+    k = tl.load(K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=kv_ok, other=0.0)                        # (BLOCK_N, HEAD_DIM_PAD)
-    v = tl.load(V + b * stride_vb + kv_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+    v = tl.load(V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=kv_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
     # The query blocks to visit: masked [lo, full_lo), whole [full_lo, full_hi), masked [full_hi, hi)
     # (with a window: all of [lo, hi) masked, see below).
-    lo, full_lo, full_hi, hi = query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                               BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, hi = query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
+                                               HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     n_key_blocks = tl.num_programs(0)
-    h0 = kv_h * GROUP                                         # the first query head that reads this KV head
+    h0 = h_kv * GROUP                                         # the first query head that reads this KV head
     q_group = Q + b * stride_qb + h0 * stride_qh + offs_d[None, :] * stride_qd
     do_group = DO + b * stride_dob + h0 * stride_doh + offs_d[None, :] * stride_dod
     stats_group = (b * H_Q + h0) * N_Q                        # its rows in LSE and DELTA; the next heads follow
@@ -594,26 +624,26 @@ def _bwd_dkdv_kernel(
         # in the blocks that need it (outside [full_lo, full_hi)) instead of three loops.
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, lo, hi, N_Q, N_K, WINDOW,
-                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, True, HAS_WINDOW,
-                              BLOCK_M, COUNT_VISITS)
+                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, MASKED=True,
+                              HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, COUNT_VISITS=COUNT_VISITS)
     else:
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, lo, full_lo, N_Q, N_K, WINDOW,
-                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, True, HAS_WINDOW,
-                              BLOCK_M, COUNT_VISITS)
+                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, MASKED=True,
+                              HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, COUNT_VISITS=COUNT_VISITS)
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, full_lo, full_hi, N_Q, N_K, WINDOW,
-                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, False,
-                              HAS_WINDOW, BLOCK_M, COUNT_VISITS)
+                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, MASKED=False,
+                              HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, COUNT_VISITS=COUNT_VISITS)
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_qn, stride_don, LSE,
                               DELTA, stats_group, GROUP, offs_m, offs_n, d_ok, full_hi, hi, N_Q, N_K, WINDOW,
-                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, True, HAS_WINDOW,
-                              BLOCK_M, COUNT_VISITS)
+                              SINK_TOKENS, qk_scale, visits_group, n_key_blocks, full_lo, full_hi, MASKED=True,
+                              HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, COUNT_VISITS=COUNT_VISITS)
 
     dk = dk * sm_scale                                        # dS was taken w.r.t. the scaled scores
-    tl.store(DK + b * stride_dkb + kv_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+    tl.store(DK + b * stride_dkb + h_kv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_ok)
-    tl.store(DV + b * stride_dvb + kv_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+    tl.store(DV + b * stride_dvb + h_kv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
              dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
@@ -633,8 +663,9 @@ def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn
         cols = start_n + offs_n
         col_ok = cols < N_K
         # TODO(9d): load the K and V tiles of these keys (zeros outside), rebuild
-        # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and, in a MASKED block, zero it where a
-        # key is past N_K or, with CAUSAL, not visible (is_visible(rows[:, None], cols[None, :], ...)).
+        # p = exp2(q @ k^T * qk_scale - lse * log2(e)) and, in a MASKED block, zero it where
+        # is_visible(rows, cols, ...) is False (a key past N_K, after the row's diagonal or
+        # outside its window).
         # Then dp = dO @ v^T, ds = p * (dp - delta) and dq += ds @ k.
         pass
         if COUNT_VISITS:
@@ -668,7 +699,7 @@ def _bwd_dq_kernel(
     pid_hp = tl.program_id(1)       # which PACK query heads: (batch * H_Q + h0) // PACK
     b = pid_hp * PACK // H_Q
     h0 = pid_hp * PACK % H_Q
-    kv_h = h0 // GROUP              # GQA: the KV head these query heads read
+    h_kv = h0 // GROUP              # GQA: the KV head these query heads read
     start_m = pid_m * ROWS
 
     tile_rows = tl.arange(0, BLOCK_M)
@@ -687,26 +718,30 @@ def _bwd_dq_kernel(
     delta = tl.load(DELTA + stats, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    k_base = K + b * stride_kb + kv_h * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + b * stride_vb + kv_h * stride_vh + offs_d[None, :] * stride_vd
+    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
     visits_row = VISITS + pid_hp * tl.num_programs(0) * tl.cdiv(N_K, BLOCK_N) + pid_m * tl.cdiv(N_K, BLOCK_N)
     # The key blocks to visit: the sink tokens [0, sink_hi) and the window's leading edge
     # [lo, full_lo), masked; whole blocks [full_lo, full_hi); the diagonal band [full_hi, hi), masked.
-    sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
-                                                      ROWS, BLOCK_N)
+    sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
+                                                      HAS_WINDOW=HAS_WINDOW, BLOCK_M=ROWS, BLOCK_N=BLOCK_N)
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
         dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
                         N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                        True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                        MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
+                        HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
     dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                    MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
+                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
     dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    False, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                    MASKED=False, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
+                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
     dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
                     N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    True, BLOCK_N, HEAD_DIM_PAD, CAUSAL, HAS_WINDOW, COUNT_VISITS)
+                    MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
+                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
 
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqn

@@ -35,10 +35,7 @@ def test_the_defaults_are_sharp_and_no_text_is_under_9_pt():
     assert plt.rcParams["figure.dpi"] == plotting.STYLE["figure.dpi"]
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.name, marks=[pytest.mark.xfail(
-        strict=True, reason="this notebook's setup cell still sets its own dpi")] if p.name.startswith("09_") else [])
-    for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_notebook_takes_the_defaults_from_plotting(path):
     setup = "".join(json.loads(path.read_text())["cells"][2]["source"])
     assert "plotting.use_style()" in setup
