@@ -37,7 +37,8 @@ def gradients(attend, q, k, v, do, *, sinks=None, **opts):
 def saved_for_backward(attend, q, k, v, **opts):
     """Shapes of every tensor ``attend``'s autograd node keeps for the backward (saved, or stored on ctx)."""
     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    node = attend(q, k, v, **opts).grad_fn
+    o = attend(q, k, v, **opts)         # kept alive: a node's saved output is freed with the output
+    node = o.grad_fn
     kept = [t for t in node.saved_tensors if t is not None]
     kept += [t for t in vars(node).values() if isinstance(t, torch.Tensor)]
     return [tuple(t.shape) for t in kept]
@@ -78,12 +79,16 @@ def peak_memory(attend, *, n=32768, head_dim=128, batch=1, heads=8, kv_heads=8, 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    inputs = sum(t.numel() * t.element_size() for t in (q, k, v, do))
+    # Memory held before the call by anything but its inputs (earlier work in this process, the
+    # autotuner's buffers) is not the attention's: the peak counts what the call added to the inputs.
+    elsewhere = max(torch.cuda.memory_allocated() - inputs, 0)
     o = attend(q, k, v, **opts)
     o.backward(do)
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated()
+    peak = torch.cuda.max_memory_allocated() - elsewhere
     needed = sum(t.numel() * t.element_size() for t in (q, k, v, do, o, q.grad, k.grad, v.grad))
-    report = dict(peak_bytes=peak, needed_bytes=needed, budget_bytes=int(1.2 * needed),
+    report = dict(peak_bytes=peak, needed_bytes=needed, held_before_bytes=elsewhere, budget_bytes=int(1.2 * needed),
                   quadratic_bytes=batch * heads * n * n * torch.finfo(dtype).bits // 8)
     if verbose:
         mib = 2 ** 20

@@ -19,6 +19,7 @@ import pytest
 from grader import stages
 from grader.publishing import release
 from grader.testing import mutants
+from kernels import runtime
 from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")
@@ -26,6 +27,9 @@ FILE = f"{STAGE1.module}.py"
 SOLUTION = (ROOT / "solutions" / FILE).read_text()
 HIDDEN = {c.name for c in STAGE1.checks() if c.hidden}
 MAX = sum(c.points for c in STAGE1.checks())
+# Short, so that the learner who hangs costs little; on a GPU a worker's first check also pays for
+# starting CUDA, which takes seconds on a busy machine.
+CHECK_TIMEOUT = runtime.pick(cpu="5", gpu="30")
 
 
 def _write(folder, text):
@@ -52,7 +56,7 @@ def _class(root):
 
 def _batch(subs, out, *extra, **popen):
     cmd = [sys.executable, "-m", "grader", "batch", str(subs), "--stages", "stage1", "--out", str(out),
-           "--check-timeout", "5", "--stage-timeout", "60", "--seed", "1234", *extra]
+           "--check-timeout", CHECK_TIMEOUT, "--stage-timeout", "60", "--seed", "1234", *extra]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 

@@ -170,7 +170,7 @@ HIDE_TRITON = textwrap.dedent("""
 def no_triton(tmp_path):
     """Environment for a subprocess (and the grader's workers) that cannot find triton."""
     (tmp_path / "sitecustomize.py").write_text(HIDE_TRITON)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     env.pop("TRITON_INTERPRET", None)
     return env
 

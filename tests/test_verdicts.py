@@ -7,6 +7,7 @@ import pytest
 from grader import holes, stages
 from grader.grade import format_result, grade_stage
 from grader.publishing import release
+from kernels import runtime
 from kernels.loader import ROOT
 
 STAGE1, STAGE3 = stages.find("stage1"), stages.find("stage3")
@@ -213,8 +214,7 @@ def test_notebooks_get_the_graders_diagnosis(tmp_path):
     spec.loader.exec_module(wrong)
     mutant = next(m for m in wrong.MUTANTS if m.name == "top_left_alignment")
     g = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(1, 2, 17, 32, generator=g), torch.randn(1, 2, 129, 32, generator=g), \
-        torch.randn(1, 2, 129, 32, generator=g)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g).to(runtime.DEVICE) for n in (17, 129, 129))
     for folder, expected in ((mutants.build(stage, mutant, tmp_path / "wrong"), "causal diagonal is aligned top-left"),
                              (ROOT / "solutions", None)):
         module = loader.load_file(folder / f"{stage.module}.py")
