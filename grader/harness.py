@@ -98,7 +98,31 @@ def peak_memory(attend, *, n=32768, head_dim=128, batch=1, heads=8, kv_heads=8, 
     return report
 
 
-HELPERS = {f.__name__: f for f in (gradients, saved_for_backward, backward_visits, peak_memory)}
+def compiled_gradients(attend, q, k, v, do, *, sinks=None, **opts):
+    """``gradients`` of ``attend`` compiled whole: ``torch.compile(fullgraph=True)``, so a graph break
+    is an error. Inductor on a GPU; on the CPU the ``aot_eager`` backend, which traces the same
+    forward and backward graphs and runs them as they are, with no code to generate."""
+    def step(q, k, v, sinks):
+        return attend(q, k, v, sinks=sinks, **opts)
+
+    compiled = torch.compile(step, fullgraph=True, backend=runtime.pick(cpu="aot_eager", gpu="inductor"))
+    return gradients(lambda q, k, v, sinks=None: compiled(q, k, v, sinks), q, k, v, do, sinks=sinks)
+
+
+def opcheck(op, *args, grad: bool = True):
+    """``torch.library.opcheck(op, args)``: the operator's schema, fake implementation and autograd
+    registration checked against its real runs (with ``grad``, floating-point tensors require grad,
+    so that the autograd rule is exercised). Raises ``OpCheckError``, naming the test, on a
+    mismatch; returns the names of the tests passed."""
+    args = tuple(a.detach().requires_grad_(grad) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                 for a in args)
+    from grader import guard
+    with guard.plain_allocations():
+        return sorted(torch.library.opcheck(op, args))
+
+
+HELPERS = {f.__name__: f for f in (gradients, saved_for_backward, backward_visits, peak_memory,
+                                   compiled_gradients, opcheck)}
 
 
 def bind(fn, name: str):

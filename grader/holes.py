@@ -165,6 +165,20 @@ def _call_graph(tree: ast.Module) -> tuple[dict[str, tuple[int, int]], dict[str,
             refs[node.name] = names
             if _CUDA_USER in names:
                 cuda.add(node.name)
+    # Registrations attach one function to another: ``@op.register_fake`` on a function, or a
+    # module-level ``op.register_autograd(backward, setup_context=setup)``. Calling ``op`` then
+    # runs them, so ``op`` reaches them.
+    for node in tree.body:
+        decorated = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for expr in (node.decorator_list if decorated else [node.value] if isinstance(node, ast.Expr) else []):
+            target = expr.func if isinstance(expr, ast.Call) else expr
+            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                    and target.value.id in spans):
+                continue
+            attached = {node.name} if decorated else set()
+            if isinstance(expr, ast.Call):
+                attached |= {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} - {target.value.id}
+            refs[target.value.id] |= attached
     reaches = {}
     for name in spans:
         seen, todo = {name}, [name]

@@ -122,6 +122,18 @@ def pick(*, cpu, gpu):
     return gpu if ON_GPU else cpu
 
 
+_libraries = iter(range(1 << 62))
+
+
+def op_library(stage: str) -> str:
+    """A fresh ``torch.library`` namespace for a stage file's operators, such as ``"stage9_0"``.
+
+    PyTorch registers an operator name once per process, and one process may load a stage file
+    more than once (a notebook cell run again, the grader's checks, your file beside the reference).
+    """
+    return f"{stage}_{next(_libraries)}"
+
+
 def manual_seed(seed: int) -> torch.Generator:
     """A CPU generator: inputs are drawn on the CPU so a seed means the same numbers everywhere."""
     return torch.Generator().manual_seed(seed)

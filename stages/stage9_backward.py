@@ -18,9 +18,11 @@ What you will learn
   both sides: a key block is visited by the query blocks that see it, and by no other.
 * An ``autograd.Function`` that ties the forward and either backward together
   (``tiled_attention`` with part 1's, ``attention`` with part 2's).
+* Your kernels as a PyTorch operator (part 3, ``attention_op``): a schema, a fake implementation
+  and an autograd rule, so that ``torch.compile(model, fullgraph=True)`` keeps them in its graph.
 
 The forward is stage 8's, complete and given: only the backward has TODOs, first in PyTorch (9a),
-then in Triton (9b, 9c, 9d).
+then in Triton (9b, 9c, 9d); then the operator around both (9e, 9f).
 
 The derivation, for one query head (``S = scale * Q K^T``, ``P = exp(S - lse)``, ``O = P V``)::
 
@@ -351,7 +353,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
         #   dv += p^T @ dO, dp = dO @ vj^T, ds = p * (dp - delta),
         #   dq += scale * ds @ kj, dk += scale * ds^T @ qi,
         # summing dk and dv over the group's heads (dimension 2).
-        raise NotImplementedError("stage9_backward.py: fill in the TODO at line 354")
+        raise NotImplementedError("stage9_backward.py: fill in the TODO at line 356")
     dsinks = dsinks.flatten().to(sinks.dtype) if sinks is not None else None
     return (dq.flatten(1, 2).to(q.dtype), dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype), dsinks)
 
@@ -834,4 +836,79 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
     """
     return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale, flash_attention_backward)
 
+
+
+# =============================================================================================
+# Part 3: your attention as a PyTorch operator (TODO 9e, 9f).
+# =============================================================================================
+# torch.compile turns a model into graphs it can optimise as a whole. It cannot look inside a
+# Triton launch behind an autotuner, and without help it stops the graph there (a "graph break").
+# A custom operator is a contract that lets it keep your kernels as one step of the graph:
+#   * a schema, read from the type hints: what goes in and what comes out;
+#   * a fake implementation: the outputs' shapes, dtypes and device, computed without running
+#     anything (the compiler traces with fake tensors, which have no numbers);
+#   * an autograd rule: what to keep after the forward, and the backward that uses it.
+
+LIBRARY = runtime.op_library("stage9")      # the ops are torch.ops.<LIBRARY>.attention_forward, ...
+
+
+@torch.library.custom_op(f"{LIBRARY}::attention_forward", mutates_args=())
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None,
+                      causal: bool, window: int | None, sink_tokens: int,
+                      sm_scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operator's real work: your forward kernel. Returns ``(o, lse)``."""
+    return flash_attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks,
+                           sm_scale=sm_scale)
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, sinks, causal, window, sink_tokens, sm_scale):
+    """What the forward returns, made without running it."""
+    # TODO(9e): return (o, lse) as empty tensors exactly like the real forward's: o like q, and
+    # lse of shape (B, Hq, Nq) in float32 on q's device (q.new_empty keeps the device).
+    pass
+
+
+@torch.library.custom_op(f"{LIBRARY}::attention_backward", mutates_args=())
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                       do: torch.Tensor, sinks: torch.Tensor | None, causal: bool, window: int | None,
+                       sink_tokens: int, sm_scale: float | None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Your backward kernels. An operator returns tensors, never None: without learned sinks,
+    dsinks comes back empty."""
+    dq, dk, dv, dsinks = flash_attention_backward(q, k, v, o, lse, do, causal=causal, window=window,
+                                                  sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
+    return dq, dk, dv, dsinks if dsinks is not None else q.new_empty(0, dtype=torch.float32)
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(q, k, v, o, lse, do, sinks, causal, window, sink_tokens, sm_scale):
+    dsinks = torch.empty_like(sinks) if sinks is not None else q.new_empty(0, dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
+
+
+def _setup_context(ctx, inputs, output):
+    """Runs after the forward: keep what the backward needs (nothing of size Nq x Nk)."""
+    # TODO(9f): inputs are the forward's arguments in order, output is its (o, lse). Save the
+    # tensors q, k, v, o, lse and sinks with ctx.save_for_backward, and keep the options as
+    # ctx.options = (causal, window, sink_tokens, sm_scale) for _backward below.
+    pass
+
+
+def _backward(ctx, do, dlse):
+    """One gradient per input of the forward, in order; None for the options. (``dlse`` is the
+    gradient of lse, which ``attention_op`` does not return: nothing flows through it.)"""
+    q, k, v, o, lse, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = attention_backward(q, k, v, o, lse, do, sinks, *ctx.options)
+    return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention_op(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
+    """``attention`` through your operators: the same kernels and gradients, and a model that calls
+    it compiles with ``torch.compile(model, fullgraph=True)``."""
+    o, _ = attention_forward(q, k, v, sinks, causal, window, sink_tokens, sm_scale)
+    return o
 

@@ -7,7 +7,8 @@ so the grader's helper ``gradients`` (grader/harness.py) runs ``attention(...)``
 ``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the grader's
 process, the same gradients come from ``kernels.reference.attention_grads``: in float64 (the
 answer) and in the input's dtype (how much error PyTorch itself makes, for the tolerance rule:
-gradients may err 3x as much).
+gradients may err 3x as much).  Part 3's operator is judged the same way through ``attention_op``,
+eager and under ``torch.compile(fullgraph=True)``, and by ``torch.library.opcheck``.
 
 On a GPU, a float32 ``tl.dot`` runs in TF32, an error autograd cannot reproduce; so there the
 checks that run everywhere use float16, and GPU-only checks add bfloat16 at real sizes.
@@ -32,12 +33,14 @@ def _inputs(ctx, b, hq, hkv, nq, nk, d, *, dtype=DTYPE):
     return q, k, v, ctx.randn(b, hq, nq, d, dtype=dtype)
 
 
-def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="attention", **opts):
+def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="attention", harness="gradients",
+                 **opts):
     """Run the learner's backward and judge every gradient (and o, when it ran the forward too).
 
     ``tiled=(block_m, block_n)`` calls part 1's ``tiled_attention_backward`` on the float64
     reference's o and lse (rounded to the inputs' dtype and float32); otherwise ``attend``
-    (``attention`` or ``tiled_attention``) runs forward and backward.  Returns ``(o or None, dq, dk, dv, dsinks)``.
+    (``attention``, ``tiled_attention`` or ``attention_op``) runs forward and backward, through the
+    helper ``harness`` (grader/harness.py: ``gradients``, or ``compiled_gradients``).  Returns ``(o or None, dq, dk, dv, dsinks)``.
     """
     if tiled is not None:
         o, lse = reference.attention(q, k, v, sinks=sinks, **opts)
@@ -47,7 +50,7 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
                    f"tiled_attention_backward must return (dq, dk, dv, dsinks); got {type(grads).__name__}")
         got = (None, *grads)
     else:
-        got = getattr(ctx.learner, attend)(q, k, v, do, sinks=sinks, _harness="gradients", **opts)
+        got = getattr(ctx.learner, attend)(q, k, v, do, sinks=sinks, _harness=harness, **opts)
     ref = reference.attention_grads(q, k, v, do, sinks=sinks, **opts)
     base = reference.attention_grads(q, k, v, do, sinks=sinks, compute_dtype=tolerance.baseline_dtype(q.dtype),
                                      **opts)
@@ -291,6 +294,45 @@ def saves_nothing_quadratic(ctx):
                    "never stores")
     ctx.expect((b, hq, nq) in shapes, f"the forward should keep lse, shape {(b, hq, nq)}, for the backward; "
                                       f"it keeps {shapes}")
+
+
+# -- Part 3: the operator (TODO 9e, 9f) ----------------------------------------------------------
+
+@check(points=1, hint="the fake forward returns torch.empty_like(q) and q.new_empty(B, Hq, Nq, dtype=torch.float32): "
+                      "the real forward's shapes, dtypes and device, with nothing computed")
+def op_opcheck(ctx):
+    """torch.library.opcheck on attention_forward and attention_backward: schema, fake and autograd rule."""
+    q, k, v, do = _inputs(ctx, 1, 4, 2, 40, 33, 16)
+    sinks = _learned_sinks(ctx, 4)
+    for opts in ((True, 9, 2, None), (False, None, 0, 0.3)):
+        ctx.learner.attention_forward(q, k, v, sinks, *opts, _harness="opcheck")
+    o, lse = reference.attention(q, k, v, sinks=sinks, causal=True, window=9, sink_tokens=2)
+    ctx.learner.attention_backward(q, k, v, o.to(q.dtype), lse.float(), do, sinks, True, 9, 2, None,
+                                   grad=False, _harness="opcheck")
+
+
+@check(points=2, hint="_setup_context saves q, k, v, o, lse, sinks with ctx.save_for_backward and keeps "
+                      "ctx.options = (causal, window, sink_tokens, sm_scale); inputs come in the forward's order")
+def op_gradients(ctx):
+    """attention_op forward and backward: the same gradients as attention, with and without learned sinks."""
+    for (hq, hkv, nq, nk, opts, learned) in ((4, 2, 50, 40, dict(causal=True, window=9, sink_tokens=2), True),
+                                             (2, 2, 33, 45, dict(sm_scale=0.3), False)):
+        q, k, v, do = _inputs(ctx, 1, hq, hkv, nq, nk, 16)
+        sinks = _learned_sinks(ctx, hq) if learned else None
+        label = f"(attention_op, Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, {opts}{', learned sinks' if learned else ''})"
+        _grads_close(ctx, q, k, v, do, sinks=sinks, attend="attention_op", label=label, **opts)
+
+
+@check(points=1, hint="torch.compile(fullgraph=True) fails at the first graph break: attention_op must call only "
+                      "the registered operator, and the fake forward must not touch the tensors' values")
+def op_compiles_fullgraph(ctx):
+    """torch.compile(fullgraph=True) of a function calling attention_op: forward and gradients as eager."""
+    q, k, v, do = _inputs(ctx, 1, 4, 2, 40, 40, 16)
+    sinks = _learned_sinks(ctx, 4)
+    opts = dict(causal=True, window=9)
+    label = "(attention_op under torch.compile(fullgraph=True), Hq=4, Hkv=2, N=40, causal, window 9, learned sinks)"
+    _grads_close(ctx, q, k, v, do, sinks=sinks, attend="attention_op", harness="compiled_gradients", label=label,
+                 **opts)
 
 
 @check(points=2, gpu=True, hint="cast p and dS to the inputs' dtype before tl.dot and accumulate dq, dk, dv in "

@@ -81,4 +81,23 @@ MUTANTS = [
                    "ctx.save_for_backward(q, k, v, o, lse, sinks, "
                    "q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2))")],
            caught_by=["saves_nothing_quadratic"]),
+    # Part 3: the operator (TODO 9e, 9f).
+    Mutant("fake_lse_with_extra_dim", "the fake forward makes lse (B, Hq, Nq, 1), not the real (B, Hq, Nq)",
+           edits=[("q.new_empty(B, Hq, Nq, dtype=torch.float32)", "q.new_empty(B, Hq, Nq, 1, dtype=torch.float32)")],
+           caught_by=["op_opcheck"]),
+    Mutant("options_saved_out_of_order", "_setup_context keeps (causal, sink_tokens, window, sm_scale): the "
+           "backward then masks with the wrong window",
+           edits=[("ctx.options = (causal, window, sink_tokens, sm_scale)\n",
+                   "ctx.options = (causal, sink_tokens, window, sm_scale)\n")],
+           caught_by=["op_gradients"]),
+    Mutant("op_backward_drops_dsinks", "the operator's backward returns None for the learned sinks",
+           edits=[("return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None, None",
+                   "return dq, dk, dv, None, None, None, None, None")],
+           caught_by=["op_gradients"]),
+    Mutant("op_wrapper_skips_the_operator", "attention_op calls the autograd.Function, which torch.compile "
+           "cannot trace whole",
+           edits=[("    o, _ = attention_forward(q, k, v, sinks, causal, window, sink_tokens, sm_scale)\n    return o",
+                   "    return attention(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks,\n"
+                   "                     sm_scale=sm_scale)")],
+           caught_by=["op_compiles_fullgraph"]),
 ]
