@@ -133,6 +133,7 @@ def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK
 
 # Stage 5's store and set-up of a program, unchanged.
 # include: stage5_causal._finish, stage5_causal._load_query_tile, stage5_causal._empty_state
+# include: stage5_causal._store_tile
 
 
 @triton.jit
@@ -148,9 +149,9 @@ def _attend_tile(LSE, VISITS, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDOW, qk_scal
     lo, full_lo = 0, 0
     if HAS_WINDOW:
         lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    q, o_ptrs, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(
-        q_head, o_head, k_head, v_head, stride_qn, stride_qd, stride_on, stride_od, stride_kd, stride_vd,
-        start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
+    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
+                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
+                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
     acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
     visits = 0                                                               # key blocks loaded
     acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, lo, full_lo, shift, WINDOW,   # the window's edge
@@ -162,9 +163,8 @@ def _attend_tile(LSE, VISITS, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDOW, qk_scal
     acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, full_hi, hi, shift, WINDOW,   # the diagonal band
                                            q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
                                            MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
-    if COUNT_VISITS:
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+    _store_tile(acc, m_i, l_i, visits, o_head, stride_on, stride_od, LSE, VISITS, pid_m, pid_bh, N_Q, offs_m, row_ok,
+                d_ok, COUNT_VISITS=COUNT_VISITS, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "GROUP"])

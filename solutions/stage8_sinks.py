@@ -134,6 +134,7 @@ def _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL: tl.constexpr, 
 
 # Stage 5's store and set-up of a program, unchanged.
 # include: stage5_causal._finish, stage5_causal._load_query_tile, stage5_causal._empty_state
+# include: stage5_causal._store_tile
 
 
 @triton.jit
@@ -148,9 +149,9 @@ def _attend_tile(LSE, VISITS, SINKS, h, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDO
     shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
     sink_hi, lo, full_lo, full_hi, hi = _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
                                                     HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    q, o_ptrs, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(
-        q_head, o_head, k_head, v_head, stride_qn, stride_qd, stride_on, stride_od, stride_kd, stride_vd,
-        start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
+    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
+                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
+                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
     acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
     # TODO(8b): with HAS_SINKS, this head's learned sink is a virtual key with logit SINKS[h]
     # and value 0.  Count it as read before every real key: start m_i at its logit in base 2
@@ -177,9 +178,8 @@ def _attend_tile(LSE, VISITS, SINKS, h, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDO
                                            MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
     # With a learned sink a row that saw no key ends with l_i = 1 and m_i = the sink: o = 0 and
     # lse = sinks[h].
-    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
-    if COUNT_VISITS:
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+    _store_tile(acc, m_i, l_i, visits, o_head, stride_on, stride_od, LSE, VISITS, pid_m, pid_bh, N_Q, offs_m, row_ok,
+                d_ok, COUNT_VISITS=COUNT_VISITS, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW",

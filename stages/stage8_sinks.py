@@ -201,22 +201,21 @@ def _finish(acc, m_i, l_i, o_ptrs, lse_ptrs, row_ok, d_ok):
 
 
 @triton.jit
-def _load_query_tile(q_head, o_head, k_head, v_head, stride_qn, stride_qd, stride_on, stride_od, stride_kd, stride_vd,
-                     start_m, N_Q, HEAD_DIM, BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+def _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, stride_vd, start_m, N_Q, HEAD_DIM,
+                     BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """Stage 3's set-up of a program, for the query rows start_m, ... of the heads that start at
-    q_head (Q), o_head (O), k_head and v_head (K and V): the Q tile, loaded once (zeros outside the
-    sequence and in the padding columns), the tile's pointers into O, where the head-dim columns of
-    K and V start, the query rows and the masks of real rows and real head-dim columns."""
+    q_head (Q), k_head and v_head (K and V): the Q tile, loaded once (zeros outside the sequence
+    and in the padding columns), where the head-dim columns of K and V start, the query rows, and
+    the masks of real rows and real head-dim columns."""
     offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
     offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
     row_ok = offs_m < N_Q
     d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
     q = tl.load(q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)             # (BLOCK_M, HEAD_DIM_PAD)
-    o_ptrs = o_head + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     k_base = k_head + offs_d[None, :] * stride_kd
     v_base = v_head + offs_d[None, :] * stride_vd
-    return q, o_ptrs, k_base, v_base, offs_m, row_ok, d_ok
+    return q, k_base, v_base, offs_m, row_ok, d_ok
 
 
 @triton.jit
@@ -226,6 +225,19 @@ def _empty_state(BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
     return acc, m_i, l_i
+
+
+@triton.jit
+def _store_tile(acc, m_i, l_i, visits, o_head, stride_on, stride_od, LSE, VISITS, pid_m, pid_bh, N_Q, offs_m,
+                row_ok, d_ok, COUNT_VISITS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """The end of a program: o and lse of its rows, through _finish, for the head whose O starts at
+    o_head and whose rows of LSE start at LSE + pid_bh * N_Q, and with COUNT_VISITS how many key
+    blocks it loaded.  (o's pointers are made here, after the loops, not held through them.)"""
+    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
+    o_ptrs = o_head + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
+    if COUNT_VISITS:
+        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
 
 
 @triton.jit
@@ -240,9 +252,9 @@ def _attend_tile(LSE, VISITS, SINKS, h, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDO
     shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
     sink_hi, lo, full_lo, full_hi, hi = _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
                                                     HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    q, o_ptrs, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(
-        q_head, o_head, k_head, v_head, stride_qn, stride_qd, stride_on, stride_od, stride_kd, stride_vd,
-        start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
+    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
+                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
+                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
     acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
     # TODO(8b): with HAS_SINKS, this head's learned sink is a virtual key with logit SINKS[h]
     # and value 0.  Count it as read before every real key: start m_i at its logit in base 2
@@ -265,9 +277,8 @@ def _attend_tile(LSE, VISITS, SINKS, h, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDO
                                            MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
     # With a learned sink a row that saw no key ends with l_i = 1 and m_i = the sink: o = 0 and
     # lse = sinks[h].
-    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
-    if COUNT_VISITS:
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+    _store_tile(acc, m_i, l_i, visits, o_head, stride_on, stride_od, LSE, VISITS, pid_m, pid_bh, N_Q, offs_m, row_ok,
+                d_ok, COUNT_VISITS=COUNT_VISITS, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW",
