@@ -97,9 +97,9 @@ def _tuned(key: tuple) -> dict:
         o, lse = s9.flash_attention(q, k, v, **opts)
         s9.flash_attention_backward(q, k, v, o, lse, torch.randn_like(o), **opts)
         torch.cuda.synchronize(device)
-        return {"forward": _tile(s9._flash_forward_kernel.best_config),
-                "dkdv": _tile(s9._bwd_dkdv_kernel.best_config),
-                "dq": _tile(s9._bwd_dq_kernel.best_config)}
+        return {"forward": _tile(s9.flash_forward_kernel.best_config),
+                "dkdv": _tile(s9.bwd_dkdv_kernel.best_config),
+                "dq": _tile(s9.bwd_dq_kernel.best_config)}
 
 
 def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torch.dtype, device: torch.device,
@@ -164,7 +164,7 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
     hkv = k.shape[1]
     tile = _plan_for(q, k, causal, window, sink_tokens, sinks is not None)["forward"]
     o, lse = _forward_outputs(q)
-    launch(s9._flash_forward_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"]), b * hq)](
+    launch(s9.flash_forward_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, o, lse, sinks if sinks is not None else lse, lse,          # lse stands in for unused pointers
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         hq, hq // hkv, nq, k.shape[2], d, window, sink_tokens, scale * s9.LOG2E,
@@ -186,7 +186,7 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     pre_m = s9.PREPROCESS_BLOCK_M
     delta = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)       # (B, Hq, Nq)
     dsinks_part = torch.empty(b, hq, triton.cdiv(nq, pre_m), device=q.device, dtype=torch.float32)
-    launch(s9._bwd_preprocess_kernel)[(triton.cdiv(nq, pre_m), b * hq)](
+    launch(s9.bwd_preprocess_kernel)[(triton.cdiv(nq, pre_m), b * hq)](
         o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
         *o.stride(), *do.stride(), hq, nq, d,
         BLOCK_M=pre_m, HEAD_DIM_PAD=pad, HAS_SINKS=sinks is not None)
@@ -195,14 +195,14 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     # 2. dK and dV: one program per (key block, batch x KV head).
     dq, dk, dv = _backward_outputs(q, k, v)
     tile = plan["dkdv"]
-    launch(s9._bwd_dkdv_kernel.fn)[(triton.cdiv(nk, tile["BLOCK_N"]), b * hkv)](
+    launch(s9.bwd_dkdv_kernel.fn)[(triton.cdiv(nk, tile["BLOCK_N"]), b * hkv)](
         q, k, v, do, dk, dv, lse, delta, delta,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         hq, hkv, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
 
     # 3. dQ: one program per (block of query positions, batch x PACK query heads of a group).
     tile, pack = plan["dq"], plan["pack"]
-    launch(s9._bwd_dq_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
+    launch(s9.bwd_dq_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
         q, k, v, do, dq, lse, delta, delta,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
         hq, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, PACK=pack, **flags, **tile)
@@ -408,7 +408,7 @@ def host_overhead(*, calls: int = 2000, batch=1, heads=8, kv_heads=2, n=128, hea
     qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     o, lse = _forward(qb, kb, vb, sinks, True, 64, 0, 0.125)
     tile = _plan_for(qb, kb, True, 64, 0, True)["forward"]
-    kernel = s9._flash_forward_kernel.fn[(triton.cdiv(n, tile["BLOCK_M"]), batch * heads)]
+    kernel = s9.flash_forward_kernel.fn[(triton.cdiv(n, tile["BLOCK_M"]), batch * heads)]
 
     def launch_only():                                  # the forward kernel into existing outputs
         kernel(qb, kb, vb, o, lse, sinks, lse, *qb.stride(), *kb.stride(), *vb.stride(), *o.stride(),

@@ -273,7 +273,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
     group = Hq // Hkv
     pack = tuning.gqa_pack(group)                           # 1, 2, 4 or 8: a block_m (>= 16) holds whole groups
-    q, k, v, o, do = (_forward._tma_ready(x) for x in (q, k, v, o, do))
+    q, k, v, o, do = (_forward.tma_ready(x) for x in (q, k, v, o, do))
     lse = lse.contiguous()                       # stage 9's preprocess indexes it as (B * Hq * Nq)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     has_window = window is not None

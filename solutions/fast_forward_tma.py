@@ -41,14 +41,20 @@ The backward through TMA descriptors is ``solutions/fast_backward_tma.py``.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from kernels import runtime, tuning, validate
+from kernels.loader import load_file
 
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+# The ranges of key blocks are stage 9's public key_blocks_of (stage 8's, seen from a query
+# block): this forward skips exactly the blocks the pointer-grid one skips.
+key_blocks_of = load_file(Path(__file__).resolve().parent / "stage9_backward.py").key_blocks_of
 
 LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
 HEAD_DIMS = (16, 256)
@@ -166,23 +172,14 @@ def _tma_forward_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    # Stage 8's ranges, for ROWS positions: the sink tokens [0, sink_hi), the window's masked
-    # leading edge [lo, full_lo), whole blocks [full_lo, full_hi), the diagonal band (or the last
-    # partial block) [full_hi, hi).  A window takes its two masked ranges in one loop.
+    # Stage 8's ranges (stage 9's key_blocks_of), for ROWS positions: the sink tokens [0, sink_hi),
+    # the window's masked leading edge [lo, full_lo), whole blocks [full_lo, full_hi), the diagonal
+    # band (or the last partial block) [full_hi, hi).  A window takes its two masked ranges in one loop.
     shift = N_K - N_Q
-    if CAUSAL:
-        full_hi = tl.maximum(start_m + shift + 1, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(start_m + ROWS + shift, 0), N_K)
-    else:
-        full_hi = N_K // BLOCK_N * BLOCK_N
-        hi = N_K
-    full_lo = 0
+    sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
+                                                      HAS_WINDOW=HAS_WINDOW, BLOCK_M=ROWS, BLOCK_N=BLOCK_N)
     if HAS_WINDOW:                               # no empty loop (and its set-up) without a window
-        lo = tl.maximum(start_m + shift - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
-        full_lo = (tl.maximum(start_m + ROWS + shift - WINDOW, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        full_lo = tl.minimum(full_lo, full_hi)
         if HAS_SINK_TOKENS:
-            sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)
             if sink_hi > 0:
                 acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, 0, sink_hi, pos, offs_n, N_K,
                                             shift, WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW,
@@ -205,7 +202,7 @@ def _tma_forward_kernel(
     tl.store(LSE + head * N_Q + pos, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=pos < N_Q)
 
 
-def _tma_ready(x: torch.Tensor) -> torch.Tensor:
+def tma_ready(x: torch.Tensor) -> torch.Tensor:
     """Contiguous, with a 16-byte-aligned start: what a TMA descriptor needs (a copy otherwise)."""
     if not x.is_contiguous() or x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
@@ -239,7 +236,7 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     kernel, tile = tuning.plan(_tma_forward_kernel, TMA_TILES, D, Nq, Nk, interpreter_tile=INTERPRETER_TILE,
                                block_m=block_m, block_n=block_n)
     bm, bn = (tile["BLOCK_M"], tile["BLOCK_N"]) if tile else tuning.first_entry(TMA_TILES, D, INTERPRETER_TILE)[:2]
-    q, k, v = (_tma_ready(x) for x in (q, k, v))
+    q, k, v = (tma_ready(x) for x in (q, k, v))
     o = torch.empty_like(q)                                                  # (B, Hq, Nq, D), contiguous
     lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
     # Views with one row of tiles per (batch, head), so a tile never reads into the next head;

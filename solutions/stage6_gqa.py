@@ -41,65 +41,38 @@ import triton.language as tl  # noqa: E402
 # include: stage3_flash_forward.LOG2E, stage3_flash_forward.LN2, stage3_flash_forward.HEAD_DIMS
 
 # Stage 5's helpers, unchanged: the visibility rule, one key block's scores, the NaN-safe update,
-# the loop over a range of key blocks, the ranges themselves, and the final store.
+# the loop over a range of key blocks, the ranges themselves, the final store, and a program's
+# work from pointers to its heads (stage 3's set-up, the ranges, the loops, the store).
 # include: stage5_causal._visible, stage5_causal._scores, stage5_causal._softmax_update
 # include: stage5_causal._attend_blocks, stage5_causal._key_blocks, stage5_causal._finish
+# include: stage5_causal._load_query_tile, stage5_causal._empty_state, stage5_causal._store_tile
+# include: stage5_causal._attend_tile
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "GROUP"])
 @triton.jit
 def _flash_forward_kernel(
     Q, K, V, O, LSE, VISITS,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
+    stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,    # Q's and K's strides
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,    # V's and O's
     H, GROUP, N_Q, N_K, HEAD_DIM,   # H query heads; GROUP = Hq // Hkv of them share a K/V head
     qk_scale,                       # sm_scale * log2(e): scores come out in base 2
     CAUSAL: tl.constexpr, COUNT_VISITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)        # which block of queries
-    pid_bh = tl.program_id(1)       # which (batch, query head)
-    b = pid_bh // H
-    h = pid_bh % H
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)        # which block of queries, which (batch, query head)
+    b, h = pid_bh // H, pid_bh % H
     # TODO(6a): the K/V head this query head reads: GROUP consecutive query heads share one,
     # so query head h reads K/V head h // GROUP (with MQA, GROUP = H and every head reads 0).
     # Use it for K and V below instead of h; never copy K or V.
     # BEGIN SOLUTION stub=pass
     h_kv = h // GROUP
     # END SOLUTION
-
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
-    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
-    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
-    row_ok = offs_m < N_Q
-    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
-
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
-
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
-    visits = 0                                                               # key blocks loaded
-
-    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
-    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, full_hi,
-        offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
-        offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
-
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
-    if COUNT_VISITS:
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+    _attend_tile(LSE, VISITS, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, qk_scale,
+                 Q + b * stride_qb + h * stride_qh, O + b * stride_ob + h * stride_oh,      # this head's Q and O
+                 K + b * stride_kb + h_kv * stride_kh, V + b * stride_vb + h_kv * stride_vh,  # its K/V head's
+                 stride_qn, stride_qd, stride_on, stride_od, stride_kn, stride_kd, stride_vn, stride_vd,
+                 CAUSAL=CAUSAL, COUNT_VISITS=COUNT_VISITS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
 # include: stage5_causal._launch_setup
@@ -116,20 +89,16 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
     ``block_m``/``block_n`` override the tile shape.  ``return_visits=True`` also returns an
     int32 tensor (B, Hq, cdiv(Nq, block_m)): how many key blocks each query block's program loaded.
     """
-    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, sm_scale=sm_scale,
-                                                      head_dims=HEAD_DIMS)
+    B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, sm_scale=sm_scale, head_dims=HEAD_DIMS)
     # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
     kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
                                                              block_n=block_n, return_visits=return_visits)
     def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
-    kernel[grid](
-        q, k, v, o, lse, visits,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, Nq, Nk, D, qk_scale,
-        CAUSAL=causal, COUNT_VISITS=return_visits, **config,
-    )
+    kernel[grid](q, k, v, o, lse, visits, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                 Hq, Hq // Hkv, Nq, Nk, D, qk_scale,
+                 CAUSAL=causal, COUNT_VISITS=return_visits, **config)
     return (o, lse, visits) if return_visits else (o, lse)
 
 

@@ -84,13 +84,14 @@ def _in_window(rows, cols, shift, WINDOW):
 
 
 @triton.jit
-def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
-                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
+def _attend_blocks(acc, m_i, l_i, visits, lo, hi, shift, WINDOW,
+                   q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
     """Stage 5's loop over the key blocks lo, lo + BLOCK_N, ... (below hi) of one query tile.
 
     MASKED=True applies stage 5's rule, _visible, and with HAS_WINDOW also _in_window.
     """
+    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         s, v = _scores(q, k_base, v_base, cols, stride_kn, stride_vn, N_K, d_ok, qk_scale)
@@ -130,68 +131,63 @@ def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK
     return lo, full_lo
 
 
-# include: stage5_causal._finish
+# Stage 5's store and set-up of a program, unchanged.
+# include: stage5_causal._finish, stage5_causal._load_query_tile, stage5_causal._empty_state
+# include: stage5_causal._store_tile
+
+
+@triton.jit
+def _attend_tile(LSE, VISITS, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDOW, qk_scale, q_head, o_head, k_head, v_head,
+                 stride_qn, stride_qd, stride_on, stride_od, stride_kn, stride_kd, stride_vn, stride_vd,
+                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Stage 5's program with a window: three ranges of key blocks instead of two, the window's
+    leading edge (masked), whole blocks, and the diagonal band (masked)."""
+    start_m = pid_m * BLOCK_M
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    lo, full_lo = 0, 0
+    if HAS_WINDOW:
+        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
+                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
+                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
+    acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
+    visits = 0                                                               # key blocks loaded
+    acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, lo, full_lo, shift, WINDOW,   # the window's edge
+                                           q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                           MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, full_lo, full_hi, shift, WINDOW,   # whole blocks
+                                           q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                           MASKED=False, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, full_hi, hi, shift, WINDOW,   # the diagonal band
+                                           q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                           MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    _store_tile(acc, m_i, l_i, visits, o_head, stride_on, stride_od, LSE, VISITS, pid_m, pid_bh, N_Q, offs_m, row_ok,
+                d_ok, COUNT_VISITS=COUNT_VISITS, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "GROUP"])
 @triton.jit
 def _flash_forward_kernel(
     Q, K, V, O, LSE, VISITS,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
-    H, GROUP, N_Q, N_K, HEAD_DIM,   # H query heads; GROUP = Hq // Hkv of them share a K/V head
-    WINDOW,                         # keys per sliding window (used only with HAS_WINDOW)
+    stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,    # Q's and K's strides
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,    # V's and O's
+    H, GROUP, N_Q, N_K, HEAD_DIM, WINDOW,   # GROUP = Hq // Hkv query heads share a K/V head (stage 6);
+                                            # WINDOW keys per sliding window (used only with HAS_WINDOW)
     qk_scale,                       # sm_scale * log2(e): scores come out in base 2
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)        # which block of queries
-    pid_bh = tl.program_id(1)       # which (batch, query head)
-    b = pid_bh // H
-    h = pid_bh % H
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)        # which block of queries, which (batch, query head)
+    b, h = pid_bh // H, pid_bh % H
     h_kv = h // GROUP               # the K/V head this query head shares (stage 6)
-
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
-    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
-    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
-    row_ok = offs_m < N_Q
-    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
-
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
-
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
-    visits = 0                                                               # key blocks loaded
-
-    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
-    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    lo, full_lo = 0, 0
-    if HAS_WINDOW:
-        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the window's leading edge, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
-        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
-        MASKED=False, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, qk_scale,
-        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
-    if COUNT_VISITS:
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+    _attend_tile(LSE, VISITS, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDOW, qk_scale,
+                 Q + b * stride_qb + h * stride_qh, O + b * stride_ob + h * stride_oh,      # this head's Q and O
+                 K + b * stride_kb + h_kv * stride_kh, V + b * stride_vb + h_kv * stride_vh,  # its K/V head's
+                 stride_qn, stride_qd, stride_on, stride_od, stride_kn, stride_kd, stride_vn, stride_vd,
+                 CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                 HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
 # include: stage5_causal._launch_setup
@@ -216,12 +212,9 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
-    kernel[grid](
-        q, k, v, o, lse, visits,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, Nq, Nk, D, window if window is not None else 0, qk_scale,
-        CAUSAL=causal, HAS_WINDOW=window is not None, COUNT_VISITS=return_visits, **config,
-    )
+    kernel[grid](q, k, v, o, lse, visits, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                 Hq, Hq // Hkv, Nq, Nk, D, window if window is not None else 0, qk_scale,
+                 CAUSAL=causal, HAS_WINDOW=window is not None, COUNT_VISITS=return_visits, **config)
     return (o, lse, visits) if return_visits else (o, lse)
 
 

@@ -62,27 +62,37 @@ import triton.language as tl  # noqa: E402
 
 
 @triton.jit
-def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
-                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
+def _attention_mask(rows, cols, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """The whole visibility rule, (rows, cols) booleans: stage 5's _visible and, with HAS_WINDOW,
+    stage 7's _in_window, except for the sink tokens j < SINK_TOKENS."""
+    visible = _visible(rows, cols, N_K, shift, CAUSAL=CAUSAL)
+    if HAS_WINDOW:
+        in_window = _in_window(rows, cols, shift, WINDOW)
+        # TODO(8a): keep the sink tokens visible whatever the window: a key j < SINK_TOKENS
+        # counts as inside every row's window (the causal test above still applies).
+        # BEGIN SOLUTION stub=pass
+        in_window = in_window | (cols[None, :] < SINK_TOKENS)
+        # END SOLUTION
+        visible = visible & in_window
+    return visible
+
+
+@triton.jit
+def _attend_blocks(acc, m_i, l_i, visits, lo, hi, shift, WINDOW, SINK_TOKENS,
+                   q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
     """Stage 7's loop over the key blocks lo, lo + BLOCK_N, ... (below hi) of one query tile.
 
-    MASKED=True applies stage 5's rule, _visible, and with HAS_WINDOW also _in_window, except
-    for the sink tokens j < SINK_TOKENS.
+    MASKED=True applies the whole rule, _attention_mask: the sink tokens j < SINK_TOKENS stay
+    visible whatever the window.
     """
+    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         s, v = _scores(q, k_base, v_base, cols, stride_kn, stride_vn, N_K, d_ok, qk_scale)
         if MASKED:
-            visible = _visible(offs_m, cols, N_K, shift, CAUSAL=CAUSAL)
-            if HAS_WINDOW:
-                in_window = _in_window(offs_m, cols, shift, WINDOW)
-                # TODO(8a): keep the sink tokens visible whatever the window: a key j < SINK_TOKENS
-                # counts as inside every row's window (the causal test above still applies).
-                # BEGIN SOLUTION stub=pass
-                in_window = in_window | (cols[None, :] < SINK_TOKENS)
-                # END SOLUTION
-                visible = visible & in_window
+            visible = _attention_mask(offs_m, cols, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
+                                      HAS_WINDOW=HAS_WINDOW)
             s = tl.where(visible, s, float("-inf"))
         acc, m_i, l_i = _softmax_update(acc, m_i, l_i, s, v)
         visits += 1                                   # one more key block loaded (the tests count them)
@@ -107,51 +117,42 @@ def _sink_blocks(SINK_TOKENS, lo, BLOCK_N: tl.constexpr):
     return sink_hi
 
 
-# include: stage5_causal._finish
-
-
-@tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW",
-                                             "SINK_TOKENS", "HAS_SINKS", "GROUP"])
 @triton.jit
-def _flash_forward_kernel(
-    Q, K, V, O, LSE, SINKS, VISITS,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
-    H, GROUP, N_Q, N_K, HEAD_DIM,   # H query heads; GROUP = Hq // Hkv of them share a K/V head
-    WINDOW,                         # keys per sliding window (used only with HAS_WINDOW)
-    SINK_TOKENS,                    # the first SINK_TOKENS keys stay visible whatever the window
-    qk_scale,                       # sm_scale * log2(e): scores come out in base 2
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, COUNT_VISITS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-):
-    # A Python float arrives as float32 from Triton's launcher but as float64 from torch.compile's
-    # (stage 9's op, solutions/attention_op.py): fix its type, or the float64 would spread into
-    # the accumulators.
-    qk_scale = tl.cast(qk_scale, tl.float32)
-    pid_m = tl.program_id(0)        # which block of queries
-    pid_bh = tl.program_id(1)       # which (batch, query head)
-    b = pid_bh // H
-    h = pid_bh % H
-    h_kv = h // GROUP               # the K/V head this query head shares (stage 6)
+def _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Every range of key blocks of the query block starting at row start_m, in the order they are
+    visited: the sink tokens [0, sink_hi) and the window's leading edge [lo, full_lo), masked; whole
+    blocks [full_lo, full_hi); the diagonal band [full_hi, hi), masked.  They never overlap:
+    sink_hi <= lo <= full_lo <= full_hi <= hi."""
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    lo, full_lo, sink_hi = 0, 0, 0
+    if HAS_WINDOW:
+        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+        sink_hi = _sink_blocks(SINK_TOKENS, lo, BLOCK_N=BLOCK_N)
+    return sink_hi, lo, full_lo, full_hi, hi
 
+
+# Stage 5's store and set-up of a program, unchanged.
+# include: stage5_causal._finish, stage5_causal._load_query_tile, stage5_causal._empty_state
+# include: stage5_causal._store_tile
+
+
+@triton.jit
+def _attend_tile(LSE, VISITS, SINKS, h, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale,
+                 q_head, o_head, k_head, v_head,
+                 stride_qn, stride_qd, stride_on, stride_od, stride_kn, stride_kd, stride_vn, stride_vd,
+                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, COUNT_VISITS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Stage 7's program with sinks: the sink tokens' range of key blocks before the window's, and
+    the learned sink of query head h (SINKS[h]) counted in before the first key."""
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
-    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
-    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
-    row_ok = offs_m < N_Q
-    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
-
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
-
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
-    visits = 0                                                               # key blocks loaded
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    sink_hi, lo, full_lo, full_hi, hi = _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
+                                                    HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
+                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
+                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
+    acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
     # TODO(8b): with HAS_SINKS, this head's learned sink is a virtual key with logit SINKS[h]
     # and value 0.  Count it as read before every real key: start m_i at its logit in base 2
     # (SINKS[h] / LN2, as log2(x) = ln(x) / ln(2)) and l_i at 1 for every row; acc stays 0,
@@ -161,37 +162,53 @@ def _flash_forward_kernel(
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + h) / LN2
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     # END SOLUTION
-
-    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
-    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    lo, full_lo, sink_hi = 0, 0, 0
-    if HAS_WINDOW:
-        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-        sink_hi = _sink_blocks(SINK_TOKENS, lo, BLOCK_N=BLOCK_N)
+    visits = 0                                                               # key blocks loaded
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
-        acc, m_i, l_i, visits = _attend_blocks(                   # the sink tokens behind the window, masked
-            acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
-            offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-            MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the window's leading edge, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-        MASKED=False, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
-        offs_m, offs_n, d_ok, N_K, shift, WINDOW, SINK_TOKENS, qk_scale,
-        MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
-
+        acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, 0, sink_hi, shift, WINDOW, SINK_TOKENS,
+                                               q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                               MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, lo, full_lo, shift, WINDOW, SINK_TOKENS,
+                                           q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                           MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, full_lo, full_hi, shift, WINDOW, SINK_TOKENS,
+                                           q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                           MASKED=False, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, full_hi, hi, shift, WINDOW, SINK_TOKENS,
+                                           q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                           MASKED=True, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, BLOCK_N=BLOCK_N)
     # With a learned sink a row that saw no key ends with l_i = 1 and m_i = the sink: o = 0 and
     # lse = sinks[h].
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
-    if COUNT_VISITS:
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+    _store_tile(acc, m_i, l_i, visits, o_head, stride_on, stride_od, LSE, VISITS, pid_m, pid_bh, N_Q, offs_m, row_ok,
+                d_ok, COUNT_VISITS=COUNT_VISITS, HEAD_DIM_PAD=HEAD_DIM_PAD)
+
+
+@tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW",
+                                             "SINK_TOKENS", "HAS_SINKS", "GROUP"])
+@triton.jit
+def _flash_forward_kernel(
+    Q, K, V, O, LSE, SINKS, VISITS,
+    stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,    # Q's and K's strides
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,    # V's and O's
+    H, GROUP, N_Q, N_K, HEAD_DIM, WINDOW,   # GROUP = Hq // Hkv query heads share a K/V head (stage 6);
+                                            # WINDOW keys per sliding window (used only with HAS_WINDOW)
+    SINK_TOKENS,                    # the first SINK_TOKENS keys stay visible whatever the window
+    qk_scale,                       # sm_scale * log2(e): scores come out in base 2
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, COUNT_VISITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+):
+    # A Python float arrives as float32 from Triton's launcher but as float64 from torch.compile's
+    # (stage 9's op, solutions/attention_op.py): fix its type, or the float64 would spread into
+    # the accumulators.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)        # which block of queries, which (batch, query head)
+    b, h = pid_bh // H, pid_bh % H
+    h_kv = h // GROUP               # the K/V head this query head shares (stage 6)
+    _attend_tile(LSE, VISITS, SINKS, h, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale,
+                 Q + b * stride_qb + h * stride_qh, O + b * stride_ob + h * stride_oh,      # this head's Q and O
+                 K + b * stride_kb + h_kv * stride_kh, V + b * stride_vb + h_kv * stride_vh,  # its K/V head's
+                 stride_qn, stride_qd, stride_on, stride_od, stride_kn, stride_kd, stride_vn, stride_vd,
+                 CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_SINKS=HAS_SINKS, COUNT_VISITS=COUNT_VISITS,
+                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
 # include: stage5_causal._launch_setup
@@ -206,7 +223,7 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     h // (Hq // Hkv)) and 16 <= D <= 256; any Nq, Nk >= 1; any strides.
     float16/float32 (and bfloat16 on a GPU).  ``causal=True`` aligns the diagonal bottom-right:
     query i sees key j iff j <= i + (Nk - Nq); a row that sees no key gets o = 0, lse = -inf.
-    ``window=W`` (needs causal) keeps the W most recent keys: i' - W < j <= i', i' = i + (Nk - Nq).
+    ``window=W`` (needs causal) keeps the W most recent keys: i' - W < j <= i', i' = i + (Nk - Nq), and
     ``sink_tokens=S`` keeps keys j < S visible whatever the window (never past the diagonal).
     ``sinks``: float32 (Hq,) learned logits, one virtual zero-valued key per query head added to
     every row's softmax denominator; lse includes it, and a row with no visible key gets
@@ -222,13 +239,10 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
     sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
-    kernel[grid](
-        q, k, v, o, lse, sinks, visits,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Hq // Hkv, Nq, Nk, D, window if window is not None else 0, sink_tokens, qk_scale,
-        CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
-        COUNT_VISITS=return_visits, **config,
-    )
+    kernel[grid](q, k, v, o, lse, sinks, visits, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                 Hq, Hq // Hkv, Nq, Nk, D, window if window is not None else 0, sink_tokens, qk_scale,
+                 CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINKS=sinks is not None,
+                 COUNT_VISITS=return_visits, **config)
     return (o, lse, visits) if return_visits else (o, lse)
 
 

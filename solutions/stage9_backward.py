@@ -55,14 +55,17 @@ import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET
 import triton.language as tl  # noqa: E402
 
 # The forward is stage 8's, complete (causal, GQA, sliding window, sink tokens, learned sinks).
-# Its helpers are the backward's too: the visibility rule (_visible, _in_window, and the sink
-# tokens) and the ranges of key blocks (_key_blocks, _window_blocks, _sink_blocks).
+# Its helpers are the backward's too: the whole visibility rule (_attention_mask, from _visible,
+# _in_window and the sink tokens) and every range of key blocks (_key_ranges, from _key_blocks,
+# _window_blocks and _sink_blocks).
 # include: stage3_flash_forward.LOG2E, stage3_flash_forward.LN2, stage3_flash_forward.HEAD_DIMS
-# include: stage5_causal._visible, stage7_sliding_window._in_window
+# include: stage5_causal._visible, stage7_sliding_window._in_window, stage8_sinks._attention_mask
 # include: stage5_causal._scores, stage5_causal._softmax_update, stage8_sinks._attend_blocks
 # include: stage5_causal._key_blocks, stage7_sliding_window._window_blocks, stage8_sinks._sink_blocks
-# include: stage5_causal._finish, stage8_sinks._flash_forward_kernel
-# include: stage5_causal._launch_setup, stage8_sinks.flash_attention
+# include: stage8_sinks._key_ranges, stage5_causal._finish
+# include: stage5_causal._load_query_tile, stage5_causal._empty_state, stage5_causal._store_tile
+# include: stage8_sinks._attend_tile
+# include: stage8_sinks._flash_forward_kernel, stage5_causal._launch_setup, stage8_sinks.flash_attention
 
 
 # =============================================================================================
@@ -229,15 +232,12 @@ PREPROCESS_BLOCK_M = 128 if runtime.ON_GPU else 64     # delta's query block (it
 def is_visible(rows, cols, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """The forward's visibility rule, (rows, cols) booleans: may query row i see key j?
 
-    Stage 5's _visible (j < N_K and, with CAUSAL, j <= i + shift, bottom-right aligned), and
-    with HAS_WINDOW stage 7's _in_window, except for stage 8's sink tokens j < SINK_TOKENS.
+    Stage 8's _attention_mask with shift = N_K - N_Q: stage 5's _visible (j < N_K and, with
+    CAUSAL, j <= i + shift, bottom-right aligned), and with HAS_WINDOW stage 7's _in_window,
+    except for stage 8's sink tokens j < SINK_TOKENS.
     A (keys, queries) tile, as the dK/dV kernel holds, is its transpose.
     """
-    shift = N_K - N_Q
-    visible = _visible(rows, cols, N_K, shift, CAUSAL=CAUSAL)
-    if HAS_WINDOW:
-        visible = visible & (_in_window(rows, cols, shift, WINDOW) | (cols[None, :] < SINK_TOKENS))
-    return visible
+    return _attention_mask(rows, cols, N_K, N_K - N_Q, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW)
 
 
 @triton.jit
@@ -274,17 +274,14 @@ def query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS,
 def key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS,
                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The keys the query block starting at ``start_m`` can see: the forward's ranges, from the
-    forward's helpers.  Sink-token blocks [0, sink_hi), then the causal (or windowed) range
+    """The keys the query block starting at ``start_m`` can see: the forward's ranges, stage 8's
+    _key_ranges.  Sink-token blocks [0, sink_hi), then the causal (or windowed) range
     [lo, hi), and within it the blocks [full_lo, full_hi) that every row of the block sees
     whole (no mask needed).  The ranges never overlap: sink_hi <= lo <= full_lo <= full_hi <= hi.
     """
     shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
-    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    lo, full_lo, sink_hi = 0, 0, 0
-    if HAS_WINDOW:
-        lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-        sink_hi = _sink_blocks(SINK_TOKENS, lo, BLOCK_N=BLOCK_N)
+    sink_hi, lo, full_lo, full_hi, hi = _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
+                                                    HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     return sink_hi, lo, full_lo, full_hi, hi
 
 
@@ -546,26 +543,30 @@ def _bwd_dq_kernel(
     sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
                                                       HAS_WINDOW=HAS_WINDOW, BLOCK_M=ROWS, BLOCK_N=BLOCK_N)
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
-        dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi,
-                        N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                        MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
-                        HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
-    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, lo, full_lo,
-                    N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
-                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
-    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
-                    N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    MASKED=False, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
-                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
-    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
-                    N_Q, N_K, HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row,
-                    MASKED=True, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL,
-                    HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
+        dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi, N_Q, N_K,
+                        HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row, MASKED=True, BLOCK_N=BLOCK_N,
+                        HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
+    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, lo, full_lo, N_Q, N_K,
+                    HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row, MASKED=True, BLOCK_N=BLOCK_N,
+                    HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
+    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi, N_Q, N_K,
+                    HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row, MASKED=False, BLOCK_N=BLOCK_N,
+                    HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
+    dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, full_hi, hi, N_Q, N_K,
+                    HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row, MASKED=True, BLOCK_N=BLOCK_N,
+                    HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
 
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqn
              + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=tile_ok)
+
+
+# The kernels that other code launches itself (solutions/attention_op.py, under torch.compile),
+# by public names: the forward's and the backward's three, the same objects as above.
+flash_forward_kernel = _flash_forward_kernel
+bwd_preprocess_kernel = _bwd_preprocess_kernel
+bwd_dkdv_kernel = _bwd_dkdv_kernel
+bwd_dq_kernel = _bwd_dq_kernel
 
 
 def backward_preprocess(o, do, lse, sinks=None):

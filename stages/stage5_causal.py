@@ -9,7 +9,7 @@ What you will learn
   band of blocks the diagonal cuts through (masked element by element), and nothing above
   it.  Blocks above the diagonal are never loaded, so causal attention does about half the
   work.  ``_attend_blocks`` runs the loop of stage 3 over one range of key blocks, MASKED or
-  not, and the kernel calls it once per range::
+  not, and ``_attend_tile``, one program's work, calls it once per range::
 
       Nq = Nk = 512, block_m = 128, block_n = 64       F whole (no mask)  P band (masked)  . skipped
                          key block  0  1  2  3  4  5  6  7
@@ -27,7 +27,9 @@ What you will learn
 
 The visibility rule (``_visible``) and the ranges of key blocks (``_key_blocks``) are small
 functions of their own: stages 7 and 8 add the window's and the sink tokens' beside them, and
-later stages take every helper of this file as given code.
+later stages take every helper of this file as given code.  The kernel itself only finds its
+heads: ``_attend_tile`` does a program's work from pointers to them (stage 3's set-up, the
+ranges, the loops and the store), so a later stage changes the kernel where it picks the heads.
 
 ``flash_attention(..., return_visits=True)`` also returns how many key blocks each program
 loaded, counted by the kernel's own loop: the tests use it to see that blocks are skipped.
@@ -85,14 +87,15 @@ def _softmax_update(acc, m_i, l_i, s, v):
 
 
 @triton.jit
-def _attend_blocks(acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn,
-                   lo, hi, offs_m, offs_n, d_ok, N_K, shift, qk_scale,
+def _attend_blocks(acc, m_i, l_i, visits, lo, hi, shift,
+                   q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
     """Fold the key blocks starting at lo, lo + BLOCK_N, ... (below hi) into one query tile.
 
     MASKED=False is for blocks that every row of the tile sees whole: no mask is built.
     MASKED=True applies the visibility rule, _visible.
     """
+    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         s, v = _scores(q, k_base, v_base, cols, stride_kn, stride_vn, N_K, d_ok, qk_scale)
@@ -131,54 +134,90 @@ def _finish(acc, m_i, l_i, o_ptrs, lse_ptrs, row_ok, d_ok):
     pass
 
 
+@triton.jit
+def _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, stride_vd, start_m, N_Q, HEAD_DIM,
+                     BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Stage 3's set-up of a program, for the query rows start_m, ... of the heads that start at
+    q_head (Q), k_head and v_head (K and V): the Q tile, loaded once (zeros outside the sequence
+    and in the padding columns), where the head-dim columns of K and V start, the query rows, and
+    the masks of real rows and real head-dim columns."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
+    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
+    row_ok = offs_m < N_Q
+    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
+    q = tl.load(q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)             # (BLOCK_M, HEAD_DIM_PAD)
+    k_base = k_head + offs_d[None, :] * stride_kd
+    v_base = v_head + offs_d[None, :] * stride_vd
+    return q, k_base, v_base, offs_m, row_ok, d_ok
+
+
+@triton.jit
+def _empty_state(BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """Stage 3's running statistics before any key: acc = 0, m = -inf, l = 0 (float32)."""
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _store_tile(acc, m_i, l_i, visits, o_head, stride_on, stride_od, LSE, VISITS, pid_m, pid_bh, N_Q, offs_m,
+                row_ok, d_ok, COUNT_VISITS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """The end of a program: o and lse of its rows, through _finish, for the head whose O starts at
+    o_head and whose rows of LSE start at LSE + pid_bh * N_Q, and with COUNT_VISITS how many key
+    blocks it loaded.  (o's pointers are made here, after the loops, not held through them.)"""
+    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
+    o_ptrs = o_head + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
+    if COUNT_VISITS:
+        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+
+
+@triton.jit
+def _attend_tile(LSE, VISITS, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, qk_scale, q_head, o_head, k_head, v_head,
+                 stride_qn, stride_qd, stride_on, stride_od, stride_kn, stride_kd, stride_vn, stride_vd,
+                 CAUSAL: tl.constexpr, COUNT_VISITS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """One program's work: query block pid_m of the query head at q_head against the K/V head at
+    k_head and v_head, with o and lse stored for (batch, head) pid_bh.  The ranges of key blocks
+    first, then the Q tile, then one _attend_blocks per range, then the store."""
+    start_m = pid_m * BLOCK_M
+    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
+    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
+                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
+                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
+    acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
+    visits = 0                                                               # key blocks loaded
+    acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, 0, full_hi, shift,       # whole blocks, no mask
+                                           q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                           MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
+    acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, full_hi, hi, shift,      # the diagonal band, masked
+                                           q, k_base, v_base, stride_kn, stride_vn, offs_m, d_ok, N_K, qk_scale,
+                                           MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
+    _store_tile(acc, m_i, l_i, visits, o_head, stride_on, stride_od, LSE, VISITS, pid_m, pid_bh, N_Q, offs_m, row_ok,
+                d_ok, COUNT_VISITS=COUNT_VISITS, HEAD_DIM_PAD=HEAD_DIM_PAD)
+
+
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL"])
 @triton.jit
 def _flash_forward_kernel(
     Q, K, V, O, LSE, VISITS,
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
+    stride_qb, stride_qh, stride_qn, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,    # Q's and K's strides
+    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_on, stride_od,    # V's and O's
     H, N_Q, N_K, HEAD_DIM,
     qk_scale,                       # sm_scale * log2(e): scores come out in base 2
     CAUSAL: tl.constexpr, COUNT_VISITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)        # which block of queries
-    pid_bh = tl.program_id(1)       # which (batch, head)
-    b = pid_bh // H
-    h = pid_bh % H
-
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
-    offs_n = tl.arange(0, BLOCK_N)                            # key columns within a block
-    offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
-    row_ok = offs_m < N_Q
-    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
-
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :] * stride_kd
-    v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :] * stride_vd
-
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)    # (BLOCK_M, HEAD_DIM_PAD)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)                # running max (base 2)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                              # running sum
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)                # unnormalised output
-    visits = 0                                                               # key blocks loaded
-
-    shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
-    full_hi, hi = _key_blocks(start_m, N_K, shift, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # whole blocks, no mask
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, 0, full_hi,
-        offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
-    acc, m_i, l_i, visits = _attend_blocks(                   # the diagonal band, masked
-        acc, m_i, l_i, visits, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi,
-        offs_m, offs_n, d_ok, N_K, shift, qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N)
-
-    o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    _finish(acc, m_i, l_i, o_ptrs, LSE + pid_bh * N_Q + offs_m, row_ok, d_ok)
-    if COUNT_VISITS:
-        tl.store(VISITS + pid_bh * tl.num_programs(0) + pid_m, visits)
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)        # which block of queries, which (batch, head)
+    b, h = pid_bh // H, pid_bh % H
+    _attend_tile(LSE, VISITS, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, qk_scale,
+                 Q + b * stride_qb + h * stride_qh, O + b * stride_ob + h * stride_oh,      # this head's Q and O
+                 K + b * stride_kb + h * stride_kh, V + b * stride_vb + h * stride_vh,      # and its K and V
+                 stride_qn, stride_qd, stride_on, stride_od, stride_kn, stride_kd, stride_vn, stride_vd,
+                 CAUSAL=CAUSAL, COUNT_VISITS=COUNT_VISITS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
 def _launch_setup(q, Nk, *, sm_scale, block_m, block_n, return_visits):
@@ -219,12 +258,9 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
     def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
-    kernel[grid](
-        q, k, v, o, lse, visits,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        Hq, Nq, Nk, D, qk_scale,
-        CAUSAL=causal, COUNT_VISITS=return_visits, **config,
-    )
+    kernel[grid](q, k, v, o, lse, visits, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                 Hq, Nq, Nk, D, qk_scale,
+                 CAUSAL=causal, COUNT_VISITS=return_visits, **config)
     return (o, lse, visits) if return_visits else (o, lse)
 
 

@@ -29,7 +29,7 @@ MUTANTS = [
            edits=[("l_safe = tl.where(l_i == 0.0, 1.0, l_i)", "l_safe = l_i")],
            caught_by=["rows_that_see_no_key"], diagnosis="nan_empty_rows"),
     Mutant("diagonal_band_skipped", "never runs the masked phase, dropping the keys of the diagonal band",
-           edits=[("full_hi, hi,\n", "full_hi, full_hi,\n")],
+           edits=[("visits, full_hi, hi, shift,", "visits, full_hi, full_hi, shift,")],
            caught_by=["causal_square", "causal_bottom_right"], diagnosis="masked_tiles_dropped"),
     Mutant("whole_blocks_rounded_up", "rounds full_hi up, so the diagonal's own block runs unmasked and rows "
                                       "see future keys",

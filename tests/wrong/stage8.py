@@ -4,7 +4,7 @@ from grader.testing.mutants import Mutant
 
 MUTANTS = [
     Mutant("sink_tokens_masked_out", "loads the sink tokens' blocks but lets the window's mask hide them",
-           edits=[("                in_window = in_window | (cols[None, :] < SINK_TOKENS)\n", "")],
+           edits=[("        in_window = in_window | (cols[None, :] < SINK_TOKENS)\n", "")],
            caught_by=["sink_tokens_with_window", "everything_together"], diagnosis="sink_tokens_hidden"),
     Mutant("sink_tokens_dropped", "never visits the sink tokens' own range of key blocks",
            edits=[("    sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)\n", "    sink_hi = 0\n")],

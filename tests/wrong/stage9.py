@@ -55,8 +55,9 @@ MUTANTS = [
                    "lo = (tl.maximum(start_n - shift, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M")],
            caught_by=["causal_gradients"]),
     Mutant("dq_misses_diagonal_block", "the dQ loop stops at the block's first row's keys, missing the diagonal block",
-           edits=[("return sink_hi, lo, full_lo, full_hi, hi",
-                   "return sink_hi, lo, full_lo, full_hi, tl.maximum(tl.minimum(start_m + shift, N_K), 0)")],
+           edits=[("BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)\n    return sink_hi, lo, full_lo, full_hi, hi\n",
+                   "BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)\n    return sink_hi, lo, full_lo, full_hi, "
+                   "tl.maximum(tl.minimum(start_m + shift, N_K), 0)\n")],
            caught_by=["causal_gradients"]),
     Mutant("dkdv_visits_every_query_block", "right gradients, but the dK/dV kernel walks every query block "
            "and masks what it should have skipped",
@@ -67,8 +68,8 @@ MUTANTS = [
                    "window_hi = tl.minimum(start_n + BLOCK_N - shift, N_Q)")],
            caught_by=["window_gradients", "gpu_half_gradients"]),
     Mutant("dq_skips_sink_token_blocks", "the dQ kernel visits only the window, never the sink-token blocks",
-           edits=[("sink_hi = _sink_blocks(SINK_TOKENS, lo, BLOCK_N=BLOCK_N)\n    return sink_hi",
-                   "sink_hi = 0\n    return sink_hi")],
+           edits=[("BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)\n    return sink_hi, lo, full_lo, full_hi, hi\n",
+                   "BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)\n    return 0, lo, full_lo, full_hi, hi\n")],
            caught_by=["sink_token_gradients", "gpu_half_gradients"]),
     Mutant("nan_on_empty_rows", "keeps lse = -inf for rows that see no key, so exp2(-inf - -inf) = NaN",
            edits=[('lse = tl.where(lse == float("-inf"), float("inf"), lse)                     # empty rows: p = 0',
