@@ -154,8 +154,32 @@ def expand_file(path: str | Path) -> str:
     return expand(path.read_text(), path.name, read)
 
 
-if __name__ == "__main__":          # python -m kernels.includes solutions/stage7_sliding_window.py
+def _without_docstring(text: str) -> list[str]:
+    lines = text.splitlines()
+    body = ast.parse(text).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        return lines[body[0].end_lineno:]
+    return lines
+
+
+def feature_diff(earlier: str | Path, later: str | Path) -> list[str]:
+    """What ``later`` adds to ``earlier``: a unified diff of the two solution files expanded, as given
+    code (no solution markers, no TODO paragraphs) and without their module docstrings, which
+    introduce each stage as a whole."""
+    import difflib
+    a, b = (_without_docstring(given(expand_file(p))) for p in (earlier, later))
+    return list(difflib.unified_diff(a, b, str(earlier), str(later), lineterm="", n=1))
+
+
+if __name__ == "__main__":
+    # python -m kernels.includes solutions/stage7_sliding_window.py     the file, includes expanded
+    # python -m kernels.includes --diff solutions/stage6_gqa.py solutions/stage7_sliding_window.py
     import sys
 
-    for arg in sys.argv[1:]:
-        sys.stdout.write(expand_file(arg))
+    if sys.argv[1:2] == ["--diff"]:
+        if len(sys.argv) != 4:
+            sys.exit("usage: python -m kernels.includes --diff EARLIER.py LATER.py")
+        print("\n".join(feature_diff(sys.argv[2], sys.argv[3])))
+    else:
+        for arg in sys.argv[1:]:
+            sys.stdout.write(expand_file(arg))

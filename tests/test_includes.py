@@ -135,3 +135,17 @@ def test_instructor_files_use_only_the_public_names_of_a_learner_file():
         for var, _ in modules:
             assert not re.search(rf"\b{var}\._[a-z]", text), f"{name} uses a private name of {var}"
         assert not re.search(r"load_file\([^\n]*\"stage\d\w*\.py\"\)\._", text), name
+
+
+def test_the_feature_diff_of_stage5_and_stage6_is_the_gqa_feature():
+    """What stage 6 adds to stage 5, as given code: the K/V head of a query head, and the lines that use
+    GROUP, with nothing of stage 5's TODO paragraphs or solution markers, and no helper rewritten."""
+    diff = includes.feature_diff(ROOT / "solutions" / "stage5_causal.py", ROOT / "solutions" / "stage6_gqa.py")
+    changed = [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert "+    h_kv = h // GROUP" in changed
+    assert not any("TODO" in line or "SOLUTION" in line for line in changed)
+    assert not any(line.startswith(("-def ", "+def ")) for line in changed), "a helper changed between the stages"
+    assert len(changed) < 80, "\n".join(changed)
+    for earlier, later in (("stage6_gqa", "stage7_sliding_window"), ("stage7_sliding_window", "stage8_sinks")):
+        diff = includes.feature_diff(ROOT / "solutions" / f"{earlier}.py", ROOT / "solutions" / f"{later}.py")
+        assert not any("SOLUTION" in line for line in diff), later
