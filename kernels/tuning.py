@@ -93,6 +93,31 @@ def for_smem(tables: dict, smem: int) -> dict:
 FORWARD_TILES = for_smem(FORWARD_TILES_BY_SMEM, smem_per_block())
 
 
+#: What no tile fits: (shared memory per block, dtype, padded head dim) -> the kernels concerned.
+#: On a T4 (64 KB) stage 9's dK/dV kernel holds K, V, dK and dV tiles of BLOCK_N x 256 in float32
+#: beside its Q and dO tiles: 16 x 16 tiles with one stage already need the whole 64 KB
+#: (tests/test_targets.py compiles them for sm_75 and proves it).
+DOES_NOT_FIT = {(64 * 1024, "float32", 256): "stage 9's dK/dV kernel"}
+
+
+def check_fits(dtype, head_dim_pad: int, *, kernels: str) -> None:
+    """Refuse, with the reason and a way out, a configuration that no tile fits on this GPU.
+
+    ``kernels`` names what is about to launch, as in DOES_NOT_FIT ("stage 9's dK/dV kernel").
+    """
+    if not runtime.ON_GPU:
+        return
+    smem = smem_per_block()
+    name = str(dtype).replace("torch.", "")
+    for (budget, dt, d), what in DOES_NOT_FIT.items():
+        if smem <= budget and dt == name and d == head_dim_pad and what == kernels:
+            raise ValueError(
+                f"{name} at head dim {head_dim_pad} (padded) does not fit {what} on this GPU: it has "
+                f"{smem // 1024} KB of shared memory per block, and even the smallest tile needs more. "
+                f"Use float16 here (same tiles, half the bytes), or a GPU with more shared memory "
+                f"(an A100, L4 or newer).")
+
+
 def gqa_pack(group: int) -> int:
     """Query heads that one program takes together: the whole GQA group when it is 2, 4 or 8 heads, else 1.
 

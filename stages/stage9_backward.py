@@ -837,6 +837,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     if do.shape != q.shape:
         raise ValueError(f"do must have o's shape {tuple(q.shape)}, got {tuple(do.shape)}")
     head_dim_pad = triton.next_power_of_2(D)
+    tuning.check_fits(q.dtype, head_dim_pad, kernels="stage 9's dK/dV kernel")   # a T4 and float32 at D 256
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     group = Hq // Hkv
     has_window = window is not None

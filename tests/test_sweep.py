@@ -35,3 +35,21 @@ def test_a_parallel_sweep_finds_what_a_serial_one_does():
     assert list(parallel) == list(serial)
     for name, m in serial.items():
         assert (parallel[name].runs, parallel[name].worst, parallel[name].worst_seed) == (m.runs, m.worst, m.worst_seed)
+
+
+def test_checks_that_call_the_graders_helpers_run_in_the_sweep():
+    """Stage 9's checks call the learner's functions through grader/harness.py (``_harness=``), as the worker
+    does; the sweep's in-process runner must too, or every such check fails on every seed."""
+    from grader.testing.sweep import format_table
+    found = sweep(stages.find("stage9"), [0], only=["mha_gradients", "saves_nothing_quadratic"])
+    assert not any(m.failures for m in found.values()), format_table(stages.find("stage9"), found, 0)
+    assert found["mha_gradients"].worst > 0
+
+
+def test_a_failing_check_says_why_in_the_table():
+    from grader.testing.sweep import format_table
+    stage = stages.find("stage1")
+    found = sweep(stage, [0], only=["attention_lse_and_scale"])
+    found["attention_lse_and_scale"].add(7, [], "seed 7: o: max error 1.0 at (0, 0)")
+    table = format_table(stage, found, 0)
+    assert "attention_lse_and_scale seeds [7]" in table and "seed 7: o: max error 1.0 at (0, 0)" in table

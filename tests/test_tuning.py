@@ -78,3 +78,18 @@ def test_plan_on_a_gpu(monkeypatch):
 
 def test_gqa_pack_takes_whole_groups_of_two_four_or_eight_heads():
     assert [tuning.gqa_pack(g) for g in (1, 2, 3, 4, 6, 8, 16)] == [1, 2, 1, 4, 1, 8, 1]
+
+
+def test_what_no_tile_fits_is_refused_with_the_reason(monkeypatch):
+    """A T4 (64 KB per block) cannot hold stage 9's dK/dV tiles in float32 at head dim 256: the backward
+    says so before launching, and points at float16, instead of Triton's "out of resource"."""
+    import pytest
+    import torch
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setattr(tuning, "smem_per_block", lambda: 64 * 1024)
+    with pytest.raises(ValueError, match=r"float32 at head dim 256.*64 KB.*float16"):
+        tuning.check_fits(torch.float32, 256, kernels="stage 9's dK/dV kernel")
+    tuning.check_fits(torch.float16, 256, kernels="stage 9's dK/dV kernel")
+    tuning.check_fits(torch.float32, 128, kernels="stage 9's dK/dV kernel")
+    monkeypatch.setattr(tuning, "smem_per_block", lambda: 99 * 1024)
+    tuning.check_fits(torch.float32, 256, kernels="stage 9's dK/dV kernel")

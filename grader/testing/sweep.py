@@ -37,6 +37,10 @@ class InProcess:
 
     def call(self, fn_name, *args, timeout=None, **kwargs):
         fn = getattr(self._module, fn_name)
+        helper = kwargs.pop("_harness", None)        # a grader call around fn, as the worker makes it
+        if helper is not None:
+            from grader import harness
+            fn = harness.bind(fn, helper)
         args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
         try:
             result = fn(*args, **kwargs)
@@ -56,15 +60,17 @@ class Margin:
     check: str
     runs: int = 0
     failures: list[int] = field(default_factory=list)     # seeds where the reference failed
+    first_failure: str = ""                                # the first failure's message
     worst: float = 0.0                                     # largest error / allowed over every seed
     worst_seed: int | None = None
     worst_what: str = ""                                   # the comparison that made it
     margins: list[float] = field(default_factory=list)     # each seed's worst, for the median
 
-    def add(self, seed: int, margins: list[tuple[str, float]], failed: bool) -> None:
+    def add(self, seed: int, margins: list[tuple[str, float]], failed: str = "") -> None:
         self.runs += 1
         if failed:
             self.failures.append(seed)
+            self.first_failure = self.first_failure or failed
         if not margins:
             return
         what, value = max(margins, key=lambda m: m[1])
@@ -94,13 +100,13 @@ def _sweep_seeds(runner, checks, seeds, found, progress) -> None:
     for n, seed in enumerate(seeds):
         for c in checks:
             ctx = Ctx(runner, seed, timeout=c.timeout)
-            failed = False
+            failed = ""
             try:
                 c.fn(ctx)
             except CheckSkipped:
                 continue
-            except (CheckFailed, LearnerError):
-                failed = True
+            except (CheckFailed, LearnerError) as exc:
+                failed = f"seed {seed}: {exc}"[:600]
             found[c.name].add(seed, ctx.margins, failed)
         if progress:
             progress(n + 1, seed)
@@ -125,6 +131,7 @@ def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None) -> dict
                 total = found.setdefault(name, Margin(name))
                 total.runs += m.runs
                 total.failures += m.failures
+                total.first_failure = total.first_failure or m.first_failure
                 total.margins += m.margins
                 if m.worst_seed is not None and (total.worst_seed is None or m.worst > total.worst):
                     total.worst, total.worst_seed, total.worst_what = m.worst, m.worst_seed, m.worst_what
@@ -150,6 +157,7 @@ def format_table(stage, found: dict[str, Margin], seconds: float) -> str:
     failing = {name: m.failures[:5] for name, m in found.items() if m.failures}
     if failing:
         lines.append("  FAILED on: " + "; ".join(f"{n} seeds {s}" for n, s in failing.items()))
+        lines += [f"  {name}, {m.first_failure}" for name, m in found.items() if m.failures]
     return "\n".join(lines)
 
 
