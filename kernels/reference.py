@@ -127,6 +127,20 @@ def attention_grads(q, k, v, do, *, sinks=None, compute_dtype=torch.float64, **o
     return o.detach(), q.grad, k.grad, v.grad, (s.grad if s is not None else None)
 
 
+def gradient_floors(q, k, v, do, grads, *, sinks=None, **opts) -> dict:
+    """The tolerance floors of each gradient, by name, for ``grads = attention_grads(...)`` in float64:
+    one for dq, dk and dv (``tolerance.gradient_floor``) and, with learned sinks, dsinks's
+    (``tolerance.sink_gradient_floor``, from this call's lse and delta).  The grader and the
+    notebooks judge gradients with these."""
+    floor = tolerance.gradient_floor(*grads[1:4])
+    floors = {"dq": floor, "dk": floor, "dv": floor}
+    if sinks is not None:
+        o, lse = attention(q, k, v, sinks=sinks, **opts)
+        delta = (do.to(o.dtype) * o).sum(dim=-1)
+        floors["dsinks"] = tolerance.sink_gradient_floor(lse, delta, sinks)
+    return floors
+
+
 def softmax(x: torch.Tensor, *, compute_dtype=torch.float64) -> torch.Tensor:
     """Row softmax over the last dimension; a row that is all ``-inf`` gives zeros, not NaN."""
     x = x.to(compute_dtype)

@@ -82,6 +82,18 @@ def gradient_floor(*grads: torch.Tensor) -> float:
     return 4 * EPS32 * (1.0 + max(float(g.detach().abs().max()) for g in grads))
 
 
+def sink_gradient_floor(lse: torch.Tensor, delta: torch.Tensor, sinks: torch.Tensor) -> float:
+    """The floor for ``dsinks``, from the float64 reference's ``lse`` and ``delta`` (B, Hq, Nq).
+
+    ``dsinks[h] = -sum over b, i of exp(sinks[h] - lse) * delta``: a sum of B x Nq terms of either sign,
+    so it can cancel to a small number while float32 rounding still errs in proportion to the terms
+    themselves. A few roundings of the largest head's sum of |terms| allow for that accumulation,
+    where a floor from |dsinks| alone (or PyTorch's own error, as lucky as the kernel's) would not.
+    """
+    terms = torch.exp(sinks.detach().to(lse)[None, :, None] - lse) * delta
+    return 4 * EPS32 * (1.0 + float(terms.abs().sum(dim=(0, 2)).max()))
+
+
 def _position(index: tuple[int, ...], dims: tuple[str, ...] | None) -> str:
     if dims is None or len(dims) != len(index):
         return str(index)

@@ -136,3 +136,15 @@ def test_tf32_cut_keeps_values_and_lets_gradients_through():
     assert cut[0].item() == 1.0 and cut[1].item() != -3.14159
     (cut * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
     assert torch.equal(x.grad, torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_the_sink_gradient_floor_follows_the_terms_not_their_cancelling_sum():
+    """dsinks[h] sums B x Nq terms of either sign: where they cancel, float32 rounding still errs in
+    proportion to the terms, so the floor must come from them and not from |dsinks|."""
+    from kernels import tolerance
+    lse = torch.zeros(1, 1, 4, dtype=torch.float64)                  # exp(sink - lse) = 1 with sink 0
+    delta = torch.tensor([[[100.0, -100.0, 50.0, -50.0]]], dtype=torch.float64)
+    sinks = torch.zeros(1)
+    floor = tolerance.sink_gradient_floor(lse, delta, sinks)
+    assert floor == 4 * tolerance.EPS32 * (1 + 300.0)
+    assert floor > 50 * tolerance.default_floor(torch.zeros(1, dtype=torch.float64))   # |dsinks| = 0 here

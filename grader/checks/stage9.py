@@ -60,7 +60,8 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
     block_m = tiled[0] if tiled is not None else DQ_BLOCK
     for name, x, dtype in (("dq", dq, q.dtype), ("dk", dk, k.dtype), ("dv", dv, v.dtype)):
         ctx.expect_dtype(x, dtype, name=f"{name} {label}")
-    floor, factor = tolerance.gradient_floor(*ref[1:4]), tolerance.GRADIENT_FACTOR
+    floors, factor = reference.gradient_floors(q, k, v, do, ref, sinks=sinks, **opts), tolerance.GRADIENT_FACTOR
+    floor = floors["dq"]
     if sinks is None:
         ctx.expect(dsinks is None, f"dsinks {label}: without learned sinks there is no sink gradient; "
                                    f"expected None, got {type(dsinks).__name__}")
@@ -68,7 +69,7 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
         ctx.expect_dtype(dsinks, sinks.dtype, name=f"dsinks {label}")
     judged = {"dq": (dq, 1, floor), "dk": (dk, 2, floor), "dv": (dv, 3, floor)}
     if sinks is not None:
-        judged["dsinks"] = (dsinks, 4, None)
+        judged["dsinks"] = (dsinks, 4, floors["dsinks"])
 
     def explain(_allowed):
         """The likely mistake, from all the gradients at once (grader.diagnose.gradients)."""
@@ -83,7 +84,8 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
     ctx.close(dq, ref[1], base[1], name=f"dq {label}", factor=factor, floor=floor, dims=Q_DIMS, row_dim=2,
               block_m=block_m, explain=explain)
     if sinks is not None:
-        ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=factor, dims=("h",), explain=explain)
+        ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=factor, floor=judged["dsinks"][2], dims=("h",),
+                  explain=explain)
     return got
 
 

@@ -46,8 +46,8 @@ MUTANTS = [
            edits=[("-tl.sum(p_sink * delta))", "0.0 * tl.sum(p_sink * delta))")],
            caught_by=["learned_sink_gradients"], diagnosis="dsinks_left_out"),
     Mutant("lse_without_sink", "the backward rebuilds P from an lse without the sink, as if each row summed to 1",
-           edits=[("ctx.save_for_backward(q, k, v, o, lse, sinks)",
-                   "ctx.save_for_backward(q, k, v, o, lse if sinks is None else "
+           edits=[("        ctx.save_for_backward(q, k, v, o, lse, sinks)",
+                   "        ctx.save_for_backward(q, k, v, o, lse if sinks is None else "
                    "lse + torch.log(-torch.expm1((sinks.view(1, -1, 1) - lse).clamp(max=0))), sinks)")],
            caught_by=["learned_sink_gradients"], diagnosis="lse_without_sink"),
     Mutant("dkdv_misses_diagonal_block", "rounds the first query block UP, skipping the partly visible diagonal one",
@@ -78,8 +78,8 @@ MUTANTS = [
                    "pass")],
            caught_by=["empty_rows_zero_gradients"], diagnosis="nan_empty_rows"),
     Mutant("saves_score_matrix", "keeps the Nq x Nk score matrix for the backward",
-           edits=[("ctx.save_for_backward(q, k, v, o, lse, sinks)",
-                   "ctx.save_for_backward(q, k, v, o, lse, sinks, "
+           edits=[("        ctx.save_for_backward(q, k, v, o, lse, sinks)",
+                   "        ctx.save_for_backward(q, k, v, o, lse, sinks, "
                    "q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2))")],
            caught_by=["saves_nothing_quadratic"]),
     # Part 3: the operator (TODO 9e, 9f).
