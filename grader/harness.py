@@ -65,6 +65,10 @@ def peak_memory(attend, *, n=32768, head_dim=128, batch=1, heads=8, kv_heads=8, 
     """
     if not runtime.ON_GPU:
         raise RuntimeError("peak_memory needs a CUDA GPU: the CPU interpreter does not track device memory")
+    # What this process held before any of the calls below (earlier work, other checks) is not the
+    # attention's; whatever the warm-up call leaves allocated still counts.
+    torch.cuda.synchronize()
+    elsewhere = torch.cuda.memory_allocated()
     g = runtime.manual_seed(0)
     q = runtime.randn(batch, heads, n, head_dim, dtype=dtype, generator=g).requires_grad_(True)
     k, v = (runtime.randn(batch, kv_heads, n, head_dim, dtype=dtype, generator=g).requires_grad_(True)
@@ -79,10 +83,6 @@ def peak_memory(attend, *, n=32768, head_dim=128, batch=1, heads=8, kv_heads=8, 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    inputs = sum(t.numel() * t.element_size() for t in (q, k, v, do))
-    # Memory held before the call by anything but its inputs (earlier work in this process, the
-    # autotuner's buffers) is not the attention's: the peak counts what the call added to the inputs.
-    elsewhere = max(torch.cuda.memory_allocated() - inputs, 0)
     o = attend(q, k, v, **opts)
     o.backward(do)
     torch.cuda.synchronize()

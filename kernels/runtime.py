@@ -17,6 +17,7 @@ Force the interpreter on a GPU machine with ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import sys
 import warnings
@@ -122,7 +123,7 @@ def pick(*, cpu, gpu):
     return gpu if ON_GPU else cpu
 
 
-_libraries = iter(range(1 << 62))
+_libraries = itertools.count()
 
 
 def op_library(stage: str) -> str:

@@ -40,7 +40,8 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
     ``tiled=(block_m, block_n)`` calls part 1's ``tiled_attention_backward`` on the float64
     reference's o and lse (rounded to the inputs' dtype and float32); otherwise ``attend``
     (``attention``, ``tiled_attention`` or ``attention_op``) runs forward and backward, through the
-    helper ``harness`` (grader/harness.py: ``gradients``, or ``compiled_gradients``).  Returns ``(o or None, dq, dk, dv, dsinks)``.
+    helper ``harness`` (grader/harness.py: ``gradients``, or ``compiled_gradients``).
+    Returns ``(o or None, dq, dk, dv, dsinks)``.
     """
     if tiled is not None:
         o, lse = reference.attention(q, k, v, sinks=sinks, **opts)
@@ -61,13 +62,12 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
     for name, x, dtype in (("dq", dq, q.dtype), ("dk", dk, k.dtype), ("dv", dv, v.dtype)):
         ctx.expect_dtype(x, dtype, name=f"{name} {label}")
     floors, factor = reference.gradient_floors(q, k, v, do, ref, sinks=sinks, **opts), tolerance.GRADIENT_FACTOR
-    floor = floors["dq"]
     if sinks is None:
         ctx.expect(dsinks is None, f"dsinks {label}: without learned sinks there is no sink gradient; "
                                    f"expected None, got {type(dsinks).__name__}")
     else:
         ctx.expect_dtype(dsinks, sinks.dtype, name=f"dsinks {label}")
-    judged = {"dq": (dq, 1, floor), "dk": (dk, 2, floor), "dv": (dv, 3, floor)}
+    judged = {"dq": (dq, 1, floors["dq"]), "dk": (dk, 2, floors["dk"]), "dv": (dv, 3, floors["dv"])}
     if sinks is not None:
         judged["dsinks"] = (dsinks, 4, floors["dsinks"])
 
@@ -79,12 +79,12 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
         return diagnose.gradients({n: x for n, (x, _, _) in judged.items()}, q, k, v, do,
                                   dict(opts, sinks=sinks), allowed=allowed)
 
-    ctx.close(dv, ref[3], base[3], name=f"dv {label}", factor=factor, floor=floor, dims=KV_DIMS, explain=explain)
-    ctx.close(dk, ref[2], base[2], name=f"dk {label}", factor=factor, floor=floor, dims=KV_DIMS, explain=explain)
-    ctx.close(dq, ref[1], base[1], name=f"dq {label}", factor=factor, floor=floor, dims=Q_DIMS, row_dim=2,
+    ctx.close(dv, ref[3], base[3], name=f"dv {label}", factor=factor, floor=floors["dv"], dims=KV_DIMS, explain=explain)
+    ctx.close(dk, ref[2], base[2], name=f"dk {label}", factor=factor, floor=floors["dk"], dims=KV_DIMS, explain=explain)
+    ctx.close(dq, ref[1], base[1], name=f"dq {label}", factor=factor, floor=floors["dq"], dims=Q_DIMS, row_dim=2,
               block_m=block_m, explain=explain)
     if sinks is not None:
-        ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=factor, floor=judged["dsinks"][2], dims=("h",),
+        ctx.close(dsinks, ref[4], base[4], name=f"dsinks {label}", factor=factor, floor=floors["dsinks"], dims=("h",),
                   explain=explain)
     return got
 
@@ -328,7 +328,7 @@ def op_gradients(ctx):
 @check(points=1, hint="torch.compile(fullgraph=True) fails at the first graph break: attention_op must call only "
                       "the registered operator, and the fake forward must not touch the tensors' values")
 def op_compiles_fullgraph(ctx):
-    """torch.compile(fullgraph=True) of a function calling attention_op: forward and gradients as eager."""
+    """torch.compile(fullgraph=True) of a function calling attention_op: its gradients, judged as eager ones are."""
     q, k, v, do = _inputs(ctx, 1, 4, 2, 40, 40, 16)
     sinks = _learned_sinks(ctx, 4)
     opts = dict(causal=True, window=9)
