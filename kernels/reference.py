@@ -80,6 +80,16 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
     dtype measures how much error plain PyTorch makes at that precision.  ``"tf32"`` computes
     in float32 with every matmul operand cut to TF32, as a GPU's float32 ``tl.dot`` does.
     """
+    p, vc, lse, operand = _probabilities(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
+                                         sinks=sinks, sm_scale=sm_scale, compute_dtype=compute_dtype)
+    o = torch.matmul(operand(p), vc)                              # (B, Hq, Nq, D)
+    return o, lse
+
+
+def _probabilities(q, k, v, *, causal, window, sink_tokens, sinks, sm_scale, compute_dtype):
+    """``attention``'s softmax: ``(p, v, lse, operand)``, p (B, Hq, Nq, Nk) over the real keys (zero where
+    masked; a learned sink's share is what the row lacks of 1), v with its heads repeated for GQA,
+    lse (B, Hq, Nq), and the cut every matmul operand gets (TF32 or none)."""
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
@@ -105,8 +115,7 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
     p = torch.exp(s - safe_lse[..., None])                       # exp(-inf) = 0 on masked keys
     if sinks is not None:
         p = p[..., :Nk]                                          # the sink's value is zero
-    o = torch.matmul(operand(p.to(compute_dtype)), vc)                    # (B, Hq, Nq, D)
-    return o, lse
+    return p.to(compute_dtype), vc, lse, operand
 
 
 def attention_grads(q, k, v, do, *, sinks=None, compute_dtype=torch.float64, **opts):
@@ -129,14 +138,23 @@ def attention_grads(q, k, v, do, *, sinks=None, compute_dtype=torch.float64, **o
 
 def gradient_floors(q, k, v, do, grads, *, sinks=None, **opts) -> dict:
     """The tolerance floors of each gradient, by name, for ``grads = attention_grads(...)`` in float64:
-    one for dq, dk and dv (``tolerance.gradient_floor``) and, with learned sinks, dsinks's
-    (``tolerance.sink_gradient_floor``, from this call's lse and delta).  The grader and the
-    notebooks judge gradients with these."""
+    for dq, dk and dv a few roundings of the largest of them (``tolerance.gradient_floor``) plus what
+    the backward's own arithmetic rounds (``tolerance.backward_floors``); with learned sinks, dsinks's
+    (``tolerance.sink_gradient_floor``, from this call's lse and delta).  The grader, the notebooks,
+    the benchmark and the tests judge gradients with these."""
+    p, vc, lse, _ = _probabilities(q, k, v, sinks=sinks, compute_dtype=torch.float64, causal=opts.get("causal", False),
+                                   window=opts.get("window"), sink_tokens=opts.get("sink_tokens", 0),
+                                   sm_scale=opts.get("sm_scale"))
+    B, Hq, Nq, D = q.shape
+    group = Hq // k.shape[1]
+    scale = opts["sm_scale"] if opts.get("sm_scale") is not None else 1.0 / math.sqrt(D)
+    o, do64 = grads[0].to(torch.float64), do.to(torch.float64)
+    kc = k.to(torch.float64).repeat_interleave(group, dim=1)
+    own = tolerance.backward_floors(p, q.to(torch.float64), kc, vc, o, do64, lse, scale=scale, group=group)
     floor = tolerance.gradient_floor(*grads[1:4])
-    floors = {"dq": floor, "dk": floor, "dv": floor}
+    floors = {name: floor + own[name] for name in ("dq", "dk", "dv")}
     if sinks is not None:
-        o, lse = attention(q, k, v, sinks=sinks, **opts)
-        delta = (do.to(o.dtype) * o).sum(dim=-1)
+        delta = (do64 * o).sum(dim=-1)
         floors["dsinks"] = tolerance.sink_gradient_floor(lse, delta, sinks)
     return floors
 

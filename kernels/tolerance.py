@@ -82,6 +82,35 @@ def gradient_floor(*grads: torch.Tensor) -> float:
     return 4 * EPS32 * (1.0 + max(float(g.detach().abs().max()) for g in grads))
 
 
+def backward_floors(p, q, k, v, o, do, lse, *, scale: float, group: int) -> dict[str, float]:
+    """Floors for ``dq``, ``dk`` and ``dv`` from the roundings a FlashAttention backward makes and plain
+    PyTorch does not, so that its own error cannot stand for them.  All float64: ``p`` (B, Hq, Nq, Nk)
+    the reference's probabilities, ``k`` and ``v`` repeated to (B, Hq, Nk, D), ``lse`` (B, Hq, Nq).
+
+    * ``p = exp2(s log2(e) - lse log2(e))`` is rounded in its exponent by eps x (4 + log2(e) |s|)
+      (as in ``attention_floor``): a relative error in every p, so in dv = P^T dO and in
+      dS = p * (dp - delta), whence dq = scale dS K and dk = scale dS^T Q.
+    * ``dp - delta`` subtracts two sums that are equal in exact arithmetic wherever a row sees one
+      key (a window of 1): ``dp = dO . v`` from the values and ``delta = rowsum(dO * O)`` from the
+      output.  Each is rounded by about eps x the sum of its |terms|, and nothing cancels that, so
+      dq and dk inherit eps x scale x (p * (|dO| |V|^T + rowsum|dO O|)) @ |K| (and @ |Q|).
+      PyTorch's autograd takes its delta from the same products as dp, which cancel exactly there,
+      so its own error can be zero where the kernel's cannot.
+    """
+    finite = lse[torch.isfinite(lse)]
+    exponent = EPS32 * (4.0 + LOG2E * (float(finite.abs().max()) if finite.numel() else 0.0))
+    dp = do @ v.transpose(-1, -2)                                         # (B, Hq, Nq, Nk)
+    delta = (do * o).sum(dim=-1, keepdim=True)
+    ds = (p * (dp - delta)).abs()
+    sums = p * (do.abs() @ v.abs().transpose(-1, -2) + (do * o).abs().sum(dim=-1, keepdim=True))
+    rounded = exponent * ds + 2 * EPS32 * sums                           # |error of dS|, elementwise
+    dq = scale * (rounded @ k.abs())
+    dk = scale * (rounded.transpose(-1, -2) @ q.abs())
+    dv = exponent * (p.transpose(-1, -2) @ do.abs())
+    dk, dv = (x.unflatten(1, (-1, group)).sum(dim=2) for x in (dk, dv))     # a K/V head gets its group's sum
+    return {"dq": float(dq.max()), "dk": float(dk.max()), "dv": float(dv.max())}
+
+
 def sink_gradient_floor(lse: torch.Tensor, delta: torch.Tensor, sinks: torch.Tensor) -> float:
     """The floor for ``dsinks``, from the float64 reference's ``lse`` and ``delta`` (B, Hq, Nq).
 

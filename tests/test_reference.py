@@ -148,3 +148,42 @@ def test_the_sink_gradient_floor_follows_the_terms_not_their_cancelling_sum():
     floor = tolerance.sink_gradient_floor(lse, delta, sinks)
     assert floor == 4 * tolerance.EPS32 * (1 + 300.0)
     assert floor > 50 * tolerance.default_floor(torch.zeros(1, dtype=torch.float64))   # |dsinks| = 0 here
+
+
+def _flash_style_grads(q, k, v, do, **mask):
+    """dq, dk, dv in float32 the way a FlashAttention backward computes them: p from the saved lse in
+    base 2, and delta = rowsum(dO * O) from the rounded output rather than from dP."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    o, lse = reference.attention(q, k, v, **mask)
+    o, lse = o.float(), lse.float()
+    s = (q @ k.transpose(-1, -2)) * (scale * 1.4426950408889634)
+    seen = masks.materialize(masks.attention_mask(q.shape[2], k.shape[2], **mask), q.shape[2], k.shape[2])
+    p = torch.where(seen, torch.exp2(s - lse[..., None] * 1.4426950408889634), torch.zeros_like(s))
+    ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    return scale * ds @ k, scale * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
+
+
+def test_gradient_floors_cover_the_backward_own_roundings_and_no_real_mistake():
+    """With a window of 1 every p is 1 and dS = p (dP - delta) is zero in exact arithmetic.  PyTorch's
+    autograd cancels it exactly, so its own error in dq is zero; a FlashAttention backward takes delta
+    from O and dP from V, two roundings that do not cancel.  The floors allow for those roundings,
+    and still reject dq without its scale."""
+    for seed, window in ((0, 1), (1, 1), (2, 1), (3, 4), (4, 4)):
+        mask = dict(causal=True, window=window)
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v, do = (torch.randn(1, 1, 40, 32, generator=gen) for _ in range(4))
+        ref = reference.attention_grads(q, k, v, do, **mask)
+        base = reference.attention_grads(q, k, v, do, compute_dtype=torch.float32, **mask)
+        floors = reference.gradient_floors(q, k, v, do, ref, **mask)
+        flash = _flash_style_grads(q, k, v, do, **mask)
+        if window == 1:
+            assert float((base[1].double() - ref[1]).abs().max()) < 1e-12, "PyTorch's own dq cancels exactly here"
+            assert float((flash[0].double() - ref[1]).abs().max()) > 0, "the flash-style dq does not"
+        for name, got, i in (("dq", flash[0], 1), ("dk", flash[1], 2), ("dv", flash[2], 3)):
+            report = tolerance.compare(got, ref[i], base[i], name=name, factor=tolerance.GRADIENT_FACTOR,
+                                       floor=floors[name])
+            assert report.ok, f"seed {seed}, window {window}: {report.message}"
+        if window > 1:
+            unscaled = flash[0] * math.sqrt(32)
+            assert not tolerance.compare(unscaled, ref[1], base[1], factor=tolerance.GRADIENT_FACTOR,
+                                         floor=floors["dq"]).ok, "dq without its scale passed: the floor is too loose"

@@ -45,11 +45,11 @@ def references(case: Case, x: Inputs) -> dict:
     do = x.do[:1, :n_q]
     ref = reference.attention_grads(q, k, v, do, sinks=sinks, **case.mask)
     base = reference.attention_grads(q, k, v, do, sinks=sinks, compute_dtype=base_dtype, **case.mask)
-    floor, factor = tolerance.gradient_floor(*ref[1:4]), tolerance.GRADIENT_FACTOR
+    floors, factor = reference.gradient_floors(q, k, v, do, ref, sinks=sinks, **case.mask), tolerance.GRADIENT_FACTOR
     return {"o": (ref[0], base[0], Q_DIMS, tolerance.OUTPUT_FACTOR, None),
-            "dq": (ref[1], base[1], Q_DIMS, factor, floor),
-            "dk": (ref[2], base[2], KV_DIMS, factor, floor),
-            "dv": (ref[3], base[3], KV_DIMS, factor, floor)}
+            "dq": (ref[1], base[1], Q_DIMS, factor, floors["dq"]),
+            "dk": (ref[2], base[2], KV_DIMS, factor, floors["dk"]),
+            "dv": (ref[3], base[3], KV_DIMS, factor, floors["dv"])}
 
 
 def verify(outputs: dict, refs: dict, case: Case) -> str | None:
