@@ -687,7 +687,7 @@ def row_sum(out, x, w, *, allowed: float, block: int | None = None) -> Diagnosis
 
 # -- gradients (stage 9) ---------------------------------------------------------------------------
 def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scale=True, dk_scale=True,
-           group_sum=True, sink_in_lse=True, dsinks_sign=1.0, mask_p=True):
+           group_sum=True, sink_in_lse=True, dsinks_sign=1.0, mask_p=True, dq_kv_head_modulo=False):
     """dq, dk, dv, dsinks of dense float64 attention by the backward's own formulas, with one
     known mistake switched on:
 
@@ -697,6 +697,8 @@ def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scal
         dq = scale dS K           dk = scale dS^T Q          dv = P^T dO
         dk, dv summed over each GQA group's query heads (only its first: ``group_sum`` off)
         dsinks = -sum over rows of exp(sink - lse) * delta
+        dq of query head h from K/V head h // group (h % Hkv with ``dq_kv_head_modulo``, its
+        lse and delta kept)
     """
     q, k, v, do = (t.detach().to("cpu", torch.float64) for t in (q, k, v, do))
     B, Hq, Nq, D = q.shape
@@ -715,7 +717,13 @@ def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scal
     dp = do @ vr.transpose(-1, -2)
     delta = (do * o).sum(dim=-1)
     ds = p * (dp - delta[..., None]) if minus_delta else p * dp
-    dq = (ds @ kr) * (scale if dq_scale else 1.0)
+    if dq_kv_head_modulo:                                      # only dq's K and V come from the wrong head
+        kw, vw = (t[:, torch.arange(Hq) % Hkv] for t in (k, v))
+        pw = torch.exp(((q @ kw.transpose(-1, -2)) * scale).masked_fill(~visible, float("-inf"))
+                       - safe(used)[..., None])
+        dq = (pw * (do @ vw.transpose(-1, -2) - delta[..., None])) @ kw * (scale if dq_scale else 1.0)
+    else:
+        dq = (ds @ kr) * (scale if dq_scale else 1.0)
     dk_h = (ds.transpose(-1, -2) @ q) * (scale if dk_scale else 1.0)
     dv_h = p.transpose(-1, -2) @ do
     fold = lambda t: t.view(B, Hkv, group, Nk, D).sum(dim=2) if group_sum else t.view(B, Hkv, group, Nk, D)[:, :, 0]
@@ -751,6 +759,9 @@ GRADIENT_VARIANTS = {
                      "mask as the forward (causal, window, sink tokens) before the exp"),
     "dsinks_sign_flipped": (dict(dsinks_sign=-1.0), "d(sinks) has the wrong sign: the sink only adds to each "
                             "row's normalisation, so dsinks = -sum over rows of exp(sink - lse) * delta"),
+    "gqa_head_mapping": (dict(dq_kv_head_modulo=True), "dq is computed from the wrong K/V head: query head h reads "
+                         "K/V head h // (Hq // Hkv) (the first Hq // Hkv query heads share K/V head 0), not "
+                         "h % Hkv"),
 }
 
 
@@ -813,7 +824,7 @@ def gradients(got: dict, q, k, v, do, opts: dict, *, allowed: dict) -> Diagnosis
     for cause, (switch, message) in variants.items():
         if cause in ("lse_without_sink", "dsinks_sign_flipped") and sinks is None:
             continue
-        if cause == "gqa_first_head_only" and q.shape[1] == k.shape[1]:
+        if cause in ("gqa_first_head_only", "gqa_head_mapping") and q.shape[1] == k.shape[1]:
             continue
         if cause == "mask_ignored" and bool(vis.all()):
             continue

@@ -120,7 +120,6 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
             plan = {"forward": _tile(tuning.first_entry(tuning.FORWARD_TILES, pad, tuning.FORWARD_INTERPRETER_TILE)),
                     "dkdv": _tile(tuning.first_entry(s9.DKDV_TILES, pad, s9.DKDV_INTERPRETER_TILE)),
                     "dq": _tile(tuning.first_entry(s9.DQ_TILES, pad, s9.DQ_INTERPRETER_TILE))}
-        plan["pack"] = tuning.gqa_pack(hq // hkv)
         _plans[key] = plan
     return plan
 
@@ -200,12 +199,12 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         hq, hkv, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
 
-    # 3. dQ: one program per (block of query positions, batch x PACK query heads of a group).
-    tile, pack = plan["dq"], plan["pack"]
-    launch(s9.bwd_dq_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
+    # 3. dQ: one program per (query block, batch x query head).
+    tile = plan["dq"]
+    launch(s9.bwd_dq_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, do, dq, lse, delta, delta,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        hq, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, PACK=pack, **flags, **tile)
+        hq, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
     return dq, dk, dv, dsinks
 
 

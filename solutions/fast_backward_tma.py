@@ -23,6 +23,15 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
   on an H100 it lost under windows: GQA 32/8, D64, N8192, in one bench run, 128 TFLOP/s at
   window 128 against the pointer-grid solution's 133, and 262 against 265 at window 1024 with
   learned sinks.  So stage 9's preprocess runs first, as there.
+* **One flat loop over a GQA group in dK/dV.**  Stage 9 loops over the group's query heads and,
+  inside, over query blocks; here one loop walks every (head, query block) pair, so a pipelined
+  loop's set-up (its first loads, before any overlap) is paid once rather than once per head:
+  on an H100 at window 128 the dK/dV kernel took 0.33 ms this way and 0.38 ms with a loop per
+  head (docs/stage9-notes.md).
+* **A GQA group packed into one dQ tile.**  Stage 9's dQ program takes one query head; here it
+  takes ``PACK`` heads of a group (2, 4 or 8) at the same positions.  They read the same keys and
+  the mask depends on the position alone, so fewer of the tile's key blocks need a mask (window
+  1024: 0.85 ms unpacked, 0.78 ms packed).
 * **Tiles for these loops.**  Without per-element address arithmetic, larger dQ tiles pay at
   D64 (see DQ_TILES).
 * **Fewer choices.**  Head dims must be powers of two from 16 to 256 and the tensors are made
@@ -97,7 +106,7 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, heads, 
                MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """dk += dS^T Q and dv += P^T dO over query blocks [lo, hi) of ``heads`` heads from (batch x head) bh0.
 
-    Stage 9's loop over (head, query block) pairs; with MASKED the mask is built only in blocks
+    One loop over every (head, query block) pair; with MASKED the mask is built only in blocks
     outside [full_lo, full_hi).
     """
     n_blocks = tl.cdiv(hi - lo, BLOCK_M)
@@ -198,8 +207,8 @@ def _tma_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PACK: tl.constexpr,
 ):
-    # As in stage 9, a program takes PACK query heads of one GQA group at ROWS positions: row r is
-    # (batch x head) head0 + r // ROWS at position start_m + r % ROWS.
+    # A program takes PACK query heads of one GQA group at ROWS positions: row r is (batch x head)
+    # head0 + r // ROWS at position start_m + r % ROWS.
     ROWS: tl.constexpr = BLOCK_M // PACK
     pid_m = tl.program_id(0)
     head0 = tl.program_id(1) * PACK

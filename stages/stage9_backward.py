@@ -592,34 +592,29 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
     (the GQA group: q_group, do_group, stats_group and visits_group point at its first head),
     for one key block.
 
-    One loop walks every (head, query block) pair: a loop per head would pay a pipelined loop's
-    set-up (its first loads, before any overlap) once per head.
-
     MASKED=False is for query blocks whose every row sees every key of the block: no mask is
     built.  MASKED=True hides the keys a row cannot see (causal diagonal, window edge) in the
     blocks outside [full_lo, full_hi), the ones that see the whole key block.
     """
-    n_blocks = tl.cdiv(hi - lo, BLOCK_M)                      # query blocks per head (hi > lo or none)
-    for i in range(0, heads * n_blocks):
-        g = i // n_blocks                                     # the head of the group, then its block
-        start_m = lo + (i - g * n_blocks) * BLOCK_M
-        q_base = q_group + g * stride_qh                      # this head's Q, dO, and rows of LSE and DELTA
+    for g in range(0, heads):                                 # every query head that reads this KV head
+        q_base = q_group + g * stride_qh                      # its Q, dO, and rows of LSE and DELTA
         do_base = do_group + g * stride_doh
         stats = stats_group + g * N_Q
-        rows = start_m + offs_m
-        row_ok = rows < N_Q
-        # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
-        # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
-        # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
-        # (the transpose of is_visible(rows, offs_n, ...)).  Rows past N_Q: load their lse as
-        # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
-        # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
-        # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
-        # (cast pT and dsT to the inputs' dtype for tl.dot, as the forward casts p).
-        pass
-        if COUNT_VISITS:                                      # this program owns its column of the map
-            tile = visits_group + (g * tl.cdiv(N_Q, BLOCK_M) + start_m // BLOCK_M) * n_key_blocks
-            tl.store(tile, tl.load(tile) + 1)
+        for start_m in range(lo, hi, BLOCK_M):
+            rows = start_m + offs_m
+            row_ok = rows < N_Q
+            # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
+            # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
+            # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
+            # (the transpose of is_visible(rows, offs_n, ...)).  Rows past N_Q: load their lse as
+            # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
+            # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
+            # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
+            # (cast pT and dsT to the inputs' dtype for tl.dot, as the forward casts p).
+            pass
+            if COUNT_VISITS:                                  # this program owns its column of the map
+                tile = visits_group + (g * tl.cdiv(N_Q, BLOCK_M) + start_m // BLOCK_M) * n_key_blocks
+                tl.store(tile, tl.load(tile) + 1)
     return dk, dv
 
 
@@ -723,7 +718,7 @@ def _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn
 
 
 @tuning.autotune(DQ_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
-                                "GROUP", "PACK"])
+                                "GROUP"])
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, VISITS,
@@ -736,32 +731,24 @@ def _bwd_dq_kernel(
     sm_scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
-    PACK: tl.constexpr,             # query heads per program: 1, or the GQA group (see the wrapper)
 ):
-    # A program takes PACK query heads of one GQA group at the same ROWS positions: row r of its
-    # tile is head h0 + r // ROWS at position start_m + r % ROWS.  The heads of a group read the
-    # same keys and the mask depends on the position alone, so the tile spans ROWS positions,
-    # not BLOCK_M: its diagonal band and window edge are PACK times narrower.
-    ROWS: tl.constexpr = BLOCK_M // PACK
     sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)   # float32 under torch.compile too
-    pid_m = tl.program_id(0)        # which block of query positions
-    pid_hp = tl.program_id(1)       # which PACK query heads: (batch * H_Q + h0) // PACK
-    b = pid_hp * PACK // H_Q
-    h0 = pid_hp * PACK % H_Q
-    h_kv = h0 // GROUP              # GQA: the KV head these query heads read
-    start_m = pid_m * ROWS
+    pid_m = tl.program_id(0)        # which block of query rows
+    pid_bh = tl.program_id(1)       # which (batch, query head)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    h_kv = h // GROUP               # GQA: the KV head this query head reads
+    start_m = pid_m * BLOCK_M
 
-    tile_rows = tl.arange(0, BLOCK_M)
-    rows = start_m + tile_rows % ROWS                         # each row's query position
-    heads = h0 + tile_rows // ROWS                            # and its query head
-    stats = (b * H_Q + heads) * N_Q + rows                    # its entries of LSE and DELTA
+    rows = start_m + tl.arange(0, BLOCK_M)
+    stats = pid_bh * N_Q + rows                               # the rows' entries of LSE and DELTA
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     row_ok = rows < N_Q
     tile_ok = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + rows[:, None] * stride_qn
-                + offs_d[None, :] * stride_qd, mask=tile_ok, other=0.0)      # (BLOCK_M, HEAD_DIM_PAD)
-    do = tl.load(DO + b * stride_dob + heads[:, None] * stride_doh + rows[:, None] * stride_don
-                 + offs_d[None, :] * stride_dod, mask=tile_ok, other=0.0)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                mask=tile_ok, other=0.0)                      # (BLOCK_M, HEAD_DIM_PAD)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_don + offs_d[None, :] * stride_dod,
+                 mask=tile_ok, other=0.0)
     lse = tl.load(LSE + stats, mask=row_ok, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees nothing: p = 0, not NaN
     delta = tl.load(DELTA + stats, mask=row_ok, other=0.0)
@@ -769,11 +756,11 @@ def _bwd_dq_kernel(
 
     k_base = K + b * stride_kb + h_kv * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + b * stride_vb + h_kv * stride_vh + offs_d[None, :] * stride_vd
-    visits_row = VISITS + pid_hp * tl.num_programs(0) * tl.cdiv(N_K, BLOCK_N) + pid_m * tl.cdiv(N_K, BLOCK_N)
+    visits_row = VISITS + (pid_bh * tl.num_programs(0) + pid_m) * tl.cdiv(N_K, BLOCK_N)
     # The key blocks to visit: the sink tokens [0, sink_hi) and the window's leading edge
     # [lo, full_lo), masked; whole blocks [full_lo, full_hi); the diagonal band [full_hi, hi), masked.
     sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
-                                                      HAS_WINDOW=HAS_WINDOW, BLOCK_M=ROWS, BLOCK_N=BLOCK_N)
+                                                      HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     if sink_hi > 0:                                          # an empty range still costs a pipelined loop's set-up
         dq = _dq_blocks(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_vn, 0, sink_hi, N_Q, N_K,
                         HEAD_DIM, WINDOW, SINK_TOKENS, qk_scale, visits_row, MASKED=True, BLOCK_N=BLOCK_N,
@@ -789,8 +776,8 @@ def _bwd_dq_kernel(
                     HEAD_DIM_PAD=HEAD_DIM_PAD, CAUSAL=CAUSAL, HAS_WINDOW=HAS_WINDOW, COUNT_VISITS=COUNT_VISITS)
 
     dq = dq * sm_scale
-    tl.store(DQ + b * stride_dqb + heads[:, None] * stride_dqh + rows[:, None] * stride_dqn
-             + offs_d[None, :] * stride_dqd, dq.to(DQ.dtype.element_ty), mask=tile_ok)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=tile_ok)
 
 
 # The kernels that other code launches itself (solutions/attention_op.py, under torch.compile),
@@ -865,15 +852,12 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
         Hq, Hkv, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E, **flags, **dkdv_tile)
 
-    # 3. dQ: one program per (block of query positions, batch x PACK query heads).  PACK heads of
-    # a GQA group share a tile (2, 4 or 8 of them; one head a tile when the visits are counted,
-    # so that the counts keep one tile shape per head).
-    pack = tuning.gqa_pack(group) if not return_visits else 1
+    # 3. dQ: one program per (query block, batch x query head).
     dq = torch.empty_like(q)
-    dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"] // pack), B * Hq // pack)](
+    dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)](
         q, k, v, do, dq, lse, delta, visits_dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        Hq, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E, PACK=pack, **flags, **dq_tile)
+        Hq, group, Nq, Nk, D, w, s_tok, scale, scale * LOG2E, **flags, **dq_tile)
     if return_visits:
         return dq, dk, dv, dsinks, {"dkdv": visits_dkdv, "dq": visits_dq,
                                     "dkdv_blocks": (bm1, bn1), "dq_blocks": (bm2, bn2)}

@@ -30,11 +30,12 @@ MUTANTS = [
            caught_by=["tiled_attention_autograd"]),
     # Part 2: the backward in Triton (TODO 9b, 9c, 9d).
     Mutant("no_gqa_reduction", "the dK/dV program adds only the first query head of its group",
-           edits=[("for i in range(0, heads * n_blocks):", "for i in range(0, n_blocks):")],
+           edits=[("for g in range(0, heads):", "for g in range(0, 1):")],
            caught_by=["gqa_and_mqa_gradients"], diagnosis="gqa_first_head_only"),
-    Mutant("dq_packed_rows_read_wrong_heads", "a packed dQ tile reads lse and delta of the wrong query heads",
-           edits=[("heads = h0 + tile_rows // ROWS", "heads = h0 + tile_rows % PACK")],
-           caught_by=["gqa_and_mqa_gradients"], diagnosis="nan"),
+    Mutant("dq_wrong_kv_head", "the dQ program of query head h reads K/V head h % Hkv, not h // (Hq // Hkv)",
+           edits=[("h_kv = h // GROUP               # GQA: the KV head this query head reads",
+                   "h_kv = h % (H_Q // GROUP)")],
+           caught_by=["gqa_and_mqa_gradients"], diagnosis="gqa_head_mapping"),
     Mutant("dkdv_unmasked_at_window_edge", "under a window, dK/dV builds the mask only at the diagonal end of its "
            "range, not at the window's far edge",
            edits=[("if (start_m < full_lo) | (start_m >= full_hi):", "if start_m < full_lo:")],
