@@ -62,7 +62,7 @@ def load_stage(name: str, source: str | os.PathLike | None = None) -> ModuleType
 def load_file(path: str | os.PathLike) -> ModuleType:
     """Import any workbook file as a module, registered under a name of its own (cached per file
     and content): Triton's compiler looks a kernel's globals up through ``sys.modules``."""
-    from kernels import runtime  # noqa: F401  (decides TRITON_INTERPRET before the file imports triton)
+    from kernels import runtime  # (decides TRITON_INTERPRET before the file imports triton)
 
     from kernels import includes
 
@@ -84,6 +84,7 @@ def load_file(path: str | os.PathLike) -> ModuleType:
     except BaseException:
         del sys.modules[mod_name]
         raise
+    runtime.quicken_interpreter()
     return module
 
 

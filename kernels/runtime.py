@@ -69,7 +69,7 @@ if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
-def _patch_language_once() -> bool:
+def quicken_interpreter() -> bool:
     """Let the interpreter patch ``triton.language`` once per launch, not once per helper call.
 
     To run a kernel, the interpreter swaps every builtin of ``triton.language`` (``tl.load``,
@@ -79,8 +79,13 @@ def _patch_language_once() -> bool:
     helpers of stages 5-9 that walk took a quarter of the CPU time of grading a stage.  This
     skips it when the modules a helper sees are already swapped (their ``load`` is no longer
     the builtin), and leaves everything else to Triton.  Returns whether the hook is in place
-    (False with a Triton whose interpreter is laid out differently: it then runs as it is).
+    (False on a GPU, before Triton is imported, or with a Triton whose interpreter is laid out
+    differently: it then runs as it is).  kernels/loader.py calls it once a stage file has imported
+    Triton; it is never what imports Triton (tests/compile_targets.py turns the interpreter off
+    after importing this module).
     """
+    if not INTERPRET or "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") != "1":
+        return False
     try:
         import triton.language as tl
         from triton.runtime import interpreter
@@ -103,10 +108,6 @@ def _patch_language_once() -> bool:
     patch_lang._workbook_once = True
     interpreter._patch_lang = patch_lang
     return True
-
-
-#: Whether the interpreter's per-call patching is skipped (see _patch_language_once).
-QUICK_INTERPRETER: bool = INTERPRET and HAS_TRITON and _patch_language_once()
 
 #: dtypes the Triton stages accept here.  The interpreter computes bfloat16 dots on raw
 #: bit patterns (an upstream bug), so bfloat16 is GPU-only.

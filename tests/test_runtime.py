@@ -44,7 +44,7 @@ def _patches_per_launch(monkeypatch, calls: int) -> int:
 
 
 def test_helpers_do_not_repatch_the_language(monkeypatch):
-    assert runtime.QUICK_INTERPRETER, "the hook did not install: Triton's interpreter changed its layout"
+    assert runtime.quicken_interpreter(), "the hook did not install: Triton's interpreter changed its layout"
     once, five = _patches_per_launch(monkeypatch, 1), _patches_per_launch(monkeypatch, 5)
     assert once > 0 and five == once, (f"triton.language was patched {once} times for a launch with one helper "
                                        f"call and {five} with five: each helper call repeats the launch's work")
@@ -54,3 +54,14 @@ def test_the_language_is_restored_after_a_launch():
     _helper_calls_kernel[(1,)](torch.randn(16), torch.empty(16), CALLS=2)
     assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.core.tensor.__add__), \
         "after a launch triton.language must hold its own builtins again, for the next launch to patch"
+
+
+def test_loading_a_stage_file_installs_the_hook():
+    """The hook comes with the loader (kernels/loader.py), which every test, notebook and worker uses."""
+    import subprocess
+    import sys
+    from kernels.loader import ROOT
+    code = ("from kernels import loader; loader.load_stage('stage2', 'solutions'); "
+            "from triton.runtime import interpreter; print(getattr(interpreter._patch_lang, '_workbook_once', False))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stdout + done.stderr
