@@ -104,6 +104,9 @@ def _add_stage_options(p) -> None:
     p.add_argument("--sanitize", action="store_true", help="run under compute-sanitizer memcheck (GPU)")
     p.add_argument("--compare", action="store_true",
                    help="after grading, show your code beside the published reference, hole by hole")
+    p.add_argument("--jobs", type=_positive_int, metavar="N",
+                   help="worker processes that take the checks in turn (default: $WORKBOOK_JOBS, else one per two "
+                        "cores, at most 4)")
     _add_grading_options(p)
     p.set_defaults(command="grade", parser=p)
 
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         return grade_stages.main(args.stages, solutions=args.solutions, submission=args.submission,
                                  notebook=args.notebook, only=args.only, list_checks=args.list_checks,
                                  format=args.format, out=args.out, sanitize=args.sanitize, compare=args.compare,
-                                 limits=limits, argv=argv)
+                                 limits=limits, jobs=args.jobs, argv=argv)
     if command == "release":
         from grader.publishing import release
         return release.main(check_only=args.check_only, force=args.force, to=args.to, autograder=args.autograder,

@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class StageResult:
     device: str = ""
     seconds: float = 0.0
     isolation: str = ""         # the mechanism learner code ran under (grader/sandbox.py)
+    workers: int = 1            # worker processes that took the checks in turn
 
     @property
     def score(self) -> int:
@@ -83,7 +85,8 @@ class StageResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "StageResult":
-        fields = {k: d[k] for k in ("stage", "source", "status", "seed", "device", "seconds", "isolation") if k in d}
+        fields = {k: d[k] for k in ("stage", "source", "status", "seed", "device", "seconds", "isolation", "workers")
+                  if k in d}
         return cls(**fields, results=[CheckResult(**r) for r in d.get("results", [])])
 
 
@@ -253,11 +256,31 @@ def _crash_context(output: str, module: str) -> str:
     return report[0].strip() + (f"; in {frames[0]}" if frames else "")
 
 
+def default_jobs() -> int:
+    """How many workers grade one stage at once: $WORKBOOK_JOBS, else one per two cores, at most 4.
+
+    On a GPU most of a cold grading is Triton compiling each check's kernels on the CPU, one check
+    after another; in the interpreter it is the kernels themselves.  Both spread over cores.  A
+    2-core machine keeps one worker: the grader's own process needs the other core for its
+    references and comparisons."""
+    env = os.environ.get("WORKBOOK_JOBS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"WORKBOOK_JOBS must be a whole number of workers, 1 or more; got {env!r}")
+        return int(env)
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
 def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None = None,
-                on_result=None, limits: Limits | None = None) -> StageResult:
-    """Grade ``stage`` from ``source`` ('stages', 'solutions' or a folder), within ``limits``."""
+                on_result=None, limits: Limits | None = None, jobs: int | None = None) -> StageResult:
+    """Grade ``stage`` from ``source`` ('stages', 'solutions' or a folder), within ``limits``.
+
+    ``jobs`` workers (``default_jobs()`` unless given) take the checks in turn, each a sandboxed
+    process of its own; ``on_result`` still sees the results in the checks' order.
+    """
     started = time.monotonic()
-    limits = limits or Limits.from_env()
+    jobs = max(1, jobs if jobs is not None else default_jobs())
+    limits = limits or Limits.from_env(jobs=jobs)
     deadline = started + limits.stage_timeout
     seed = session_seed()
     checks = [c for c in stage.checks() if only is None or c.name in only]
@@ -296,36 +319,100 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
     # batch, or a folder given by path) starts from an empty cache.
     own = str(source) in ("stages", "solutions") and not os.environ.get("WORKBOOK_PRIVATE")
     cache = sandbox.compile_cache(str(source)) if own and mechanism.name != "none" else None
+
+    def runner():
+        return Runner(stage.module, str(snapshot), limits=limits, private=private, mechanism=mechanism, cache=cache)
+
+    result.workers = max(1, min(jobs, len(checks)))
     try:
-        with Runner(stage.module, str(snapshot), limits=limits, private=private, mechanism=mechanism,
-                    cache=cache) as runner:
-            for check in checks:
-                if time.monotonic() >= deadline:
-                    result.results.append(CheckResult(
-                        check.name, check.points, 0, "timeout", "not run: the checks before it used up the "
-                        f"stage's time limit ({limits.stage_timeout:.0f} s)", hidden=check.hidden))
-                    continue
-                try:
-                    r = run_check(check, runner, seed, deadline=deadline, limits=limits)
-                except ImportFailed as exc:
-                    result.status = "import error"
-                    msg = f"{path.name} could not be imported: {exc.type_name}: {exc.message}"
-                    where = locate.frame(exc.tb, stage.module)
-                    msg += f" ({where})" if where else ""
-                    tail = _crash_context(runner.output_tail(4000), stage.module) if exc.type_name == "crash" else ""
-                    msg += f"; last output: {tail}" if tail else ""
-                    status = "timeout" if exc.timed_out else "crash"
-                    result.results = [CheckResult(c.name, c.points, 0, status, msg, hidden=c.hidden) for c in checks]
-                    break
-                result.results.append(r)
-                if on_result:
-                    on_result(r)
+        results, failed_import = _run_checks(checks, runner, seed, deadline, limits, result.workers, on_result,
+                                             stage.module)
+        if failed_import is None:
+            result.results = results
+        else:
+            exc, tail = failed_import
+            result.status = "import error"
+            msg = f"{path.name} could not be imported: {exc.type_name}: {exc.message}"
+            where = locate.frame(exc.tb, stage.module)
+            msg += f" ({where})" if where else ""
+            msg += f"; last output: {tail}" if tail else ""
+            status = "timeout" if exc.timed_out else "crash"
+            result.results = [CheckResult(c.name, c.points, 0, status, msg, hidden=c.hidden) for c in checks]
     finally:
         shutil.rmtree(snapshot, ignore_errors=True)
     for r in result.results:           # name the learner's file, not the private copy, in messages
         r.message = r.message.replace(str(snapshot), str(folder))
     result.seconds = time.monotonic() - started
     return result
+
+
+def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits, jobs: int, on_result, module: str):
+    """Run ``checks`` on ``jobs`` workers, each taking the next check not yet taken.
+
+    Returns ``(results in the checks' order, None)``, or ``(None, (ImportFailed, the worker's last
+    output))`` as soon as a worker finds that the stage file cannot be imported: then no other
+    check starts.  ``on_result`` is called in the checks' order, as each result and those before
+    it are in.  An error of the grader's own in a worker's thread is raised here.
+    """
+    results: list[CheckResult | None] = [None] * len(checks)
+    lock = threading.Lock()
+    state = {"next": 0, "shown": 0, "import": None, "error": None}
+    runners = []
+
+    def take() -> int | None:
+        with lock:
+            if state["import"] is not None or state["error"] is not None or state["next"] >= len(checks):
+                return None
+            state["next"] += 1
+            return state["next"] - 1
+
+    def done(i: int, r: CheckResult) -> None:
+        with lock:
+            results[i] = r
+            while on_result and state["shown"] < len(checks) and results[state["shown"]] is not None:
+                on_result(results[state["shown"]])
+                state["shown"] += 1
+
+    def work() -> None:
+        try:
+            with make_runner() as runner:
+                runners.append(runner)
+                while (i := take()) is not None:
+                    check = checks[i]
+                    if time.monotonic() >= deadline:
+                        done(i, CheckResult(check.name, check.points, 0, "timeout", "not run: the checks before it "
+                                            f"used up the stage's time limit ({limits.stage_timeout:.0f} s)",
+                                            hidden=check.hidden))
+                        continue
+                    try:
+                        done(i, run_check(check, runner, seed, deadline=deadline, limits=limits))
+                    except ImportFailed as exc:
+                        tail = _crash_context(runner.output_tail(4000), module) if exc.type_name == "crash" else ""
+                        with lock:
+                            state["import"] = state["import"] or (exc, tail)
+                        return
+        except BaseException as exc:  # noqa: BLE001 - the grader's own failure, raised again in the caller
+            with lock:
+                state["error"] = state["error"] or exc
+
+    if jobs == 1:
+        work()
+    else:
+        threads = [threading.Thread(target=work, name=f"grader-worker-{n}", daemon=True) for n in range(jobs)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                t.join()
+        except KeyboardInterrupt:         # stop every worker, as leaving a single Runner's block would
+            for r in list(runners):
+                r.close()
+            raise
+    if state["error"] is not None:
+        raise state["error"]
+    if state["import"] is not None:
+        return None, state["import"]
+    return results, None
 
 
 # -- presentation -------------------------------------------------------------------------
@@ -376,7 +463,8 @@ def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str
     if hidden_summary(result.results):
         lines.append(f"  {hidden_summary(result.results)}")
     lines.append("  " + score_line(result))
-    lines.append(f"  {result.seconds:.1f} s; inputs seed {result.seed} (WORKBOOK_SEED={result.seed} repeats them)")
+    workers = f" on {result.workers} workers" if result.workers > 1 else ""
+    lines.append(f"  {result.seconds:.1f} s{workers}; inputs seed {result.seed} (WORKBOOK_SEED={result.seed} repeats them)")
     return "\n".join(lines)
 
 

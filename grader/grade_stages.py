@@ -15,7 +15,7 @@ import sys
 
 def main(stage_names: str, *, solutions: bool = False, submission: str | None = None, notebook: bool = False,
          only: list[str] | None = None, list_checks: bool = False, format: str = "table", out: str | None = None,
-         sanitize: bool = False, compare: bool = False, limits: dict | None = None,
+         sanitize: bool = False, compare: bool = False, limits: dict | None = None, jobs: int | None = None,
          argv: list[str] | None = None) -> int:
     """Grade ``stage_names`` (``"stage3"`` or ``"stage5,stage6"``); 0 only when everything that ran passed.
 
@@ -53,9 +53,10 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
     from grader import sanitize as sanitizer
     if sanitize and not os.environ.get(sanitizer.ENV):
         return sanitizer.relaunch(sys.argv[1:] if argv is None else argv)
-    from grader.grade import grade_stage, print_result, submission_folder
+    from grader.grade import default_jobs, grade_stage, print_result, submission_folder
     from grader.limits import Limits
-    limits = Limits.from_env(**(limits or {}))
+    jobs = jobs or default_jobs()
+    limits = Limits.from_env(jobs=jobs, **(limits or {}))
     table = format == "table"
     graded = []
     for stage in chosen:
@@ -65,7 +66,7 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
             source = "solutions" if solutions else "stages"
         print(f"grading {stage.name} ({source}/{stage.module}.py) ...", file=sys.stdout if table else sys.stderr,
               flush=True)
-        result = grade_stage(stage, source, only=only, limits=limits)
+        result = grade_stage(stage, source, only=only, limits=limits, jobs=jobs)
         if table:
             print_result(stage, result)
         if compare:

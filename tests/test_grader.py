@@ -94,3 +94,35 @@ def test_cli_lists_stages_for_an_unknown_name_and_exit_codes():
     good = run("stage1", "--solutions", "--only", "softmax_float16")
     assert good.returncode == 0 and "pass" in good.stdout
     assert run("release", "--check").returncode == 0
+
+
+def test_two_workers_take_the_checks_in_turn_and_report_them_in_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_CHECK_TIMEOUT", "20")
+    folder = _submission(tmp_path, "    xf = x.float()\n",
+                         "    import os\n    if x.shape[-1] == 1: os.abort()\n    if x.shape[-1] == 300: \n"
+                         "        while True: pass\n    xf = x.float()\n")
+    names = ["softmax_awkward_lengths", "softmax_large_values", "attention_matches_reference", "softmax_float16"]
+    shown = []
+    result = grade_stage(STAGE1, str(folder), only=names, jobs=2, on_result=lambda r: shown.append(r.name))
+    in_order = [c.name for c in STAGE1.checks() if c.name in names]
+    assert result.workers == 2 and [r.name for r in result.results] == shown == in_order
+    status = {r.name: (r.status, r.message) for r in result.results}
+    assert status["softmax_awkward_lengths"][0] == "crash" and "abort" in status["softmax_awkward_lengths"][1]
+    assert status["softmax_large_values"][0] == "timeout"
+    assert status["attention_matches_reference"][0] == "pass" and status["softmax_float16"][0] == "pass"
+
+
+def test_an_import_error_is_reported_once_with_several_workers(tmp_path):
+    folder = _submission(tmp_path, "import math\n", "import math\ndef broken(:\n")
+    result = grade_stage(STAGE1, str(folder), jobs=3)
+    assert result.status == "import error" and len(result.results) == len(STAGE1.checks())
+    assert len({r.message for r in result.results}) == 1 and "SyntaxError" in result.results[0].message
+
+
+def test_workbook_jobs_must_be_a_positive_whole_number(monkeypatch):
+    from grader.grade import default_jobs
+    monkeypatch.setenv("WORKBOOK_JOBS", "3")
+    assert default_jobs() == 3
+    monkeypatch.setenv("WORKBOOK_JOBS", "0")
+    with pytest.raises(ValueError, match="WORKBOOK_JOBS"):
+        default_jobs()
