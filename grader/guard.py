@@ -222,9 +222,11 @@ _CANARY = 0xA5
 
 
 def _guardable(t, kwargs) -> bool:
+    """Real memory only: not a fake tensor that torch.compile allocates while it traces (canaries
+    kept on it would later be read through ops a fake tensor cannot run), nor any other subclass."""
     import torch
-    return (t.layout == torch.strided and t.device.type != "meta" and t.numel() > 0 and not t.is_complex()
-            and not kwargs.get("requires_grad") and not kwargs.get("pin_memory"))
+    return (type(t) is torch.Tensor and t.layout == torch.strided and t.device.type != "meta" and t.numel() > 0
+            and not t.is_complex() and not kwargs.get("requires_grad") and not kwargs.get("pin_memory"))
 
 
 def _with_canaries(t, how: str, guards: list, empty):

@@ -99,6 +99,18 @@ def test_outputs_are_poisoned_and_fenced():
     assert torch.empty is empty  # the patches are undone
 
 
+def test_tensors_allocated_while_torch_compile_traces_get_no_canaries():
+    """torch.compile allocates fake tensors while it traces (an operator's fake implementation calls
+    torch.empty_like): they have no memory to fence, and reading canaries from them later raised
+    DynamicOutputShapeException for nonzero() in a compiled check on a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    guards: list = []
+    with poisoned_allocations(guards), FakeTensorMode() as mode:
+        fake = torch.empty_like(mode.from_tensor(torch.randn(3, 4)))
+    assert type(fake) is not torch.Tensor and guards == []
+    assert check_canaries(guards) is None
+
+
 def test_writing_to_an_input_is_named():
     def flash_attention(q, k, v, *, scale=1.0):
         k[0, 1] = 5.0
