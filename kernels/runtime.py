@@ -41,13 +41,27 @@ def no_triton_help() -> str:
 
 
 class _NoTritonFinder:
-    """Last on ``sys.meta_path`` where Triton is missing: ``import triton`` then says why and what to do."""
+    """Last on ``sys.meta_path`` where Triton is missing: ``import triton`` then says why and what to do.
+
+    A probe, ``importlib.util.find_spec("triton")``, still just gets None: libraries ask that to
+    decide whether Triton is there (torch does, when it starts CUDA), and must hear "no", not an error.
+    """
 
     @staticmethod
     def find_spec(name, path=None, target=None):
-        if name == "triton" or name.startswith("triton."):
+        if (name == "triton" or name.startswith("triton.")) and not _probing():
             raise ModuleNotFoundError(f"No module named 'triton'. {no_triton_help()}", name=name)
         return None
+
+
+def _probing() -> bool:
+    """Whether the module search under way comes from ``importlib.util.find_spec``, not an import."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        if frame.f_code.co_name == "find_spec" and frame.f_code.co_filename == "<frozen importlib.util>":
+            return True
+        frame = frame.f_back
+    return False
 
 
 if not HAS_TRITON and not any(type(f).__name__ == "_NoTritonFinder" for f in sys.meta_path):

@@ -181,10 +181,13 @@ def _run(args, env, timeout=600):
 
 
 def test_import_triton_without_triton_says_what_to_do(no_triton):
+    # A probe (torch makes one when it starts CUDA) hears "not there"; an import hears what to do.
     code = ("from kernels import runtime; assert not runtime.HAS_TRITON\n"
+            "import importlib.util; print('probe:', importlib.util.find_spec('triton'))\n"
             "try:\n    import triton\nexcept ModuleNotFoundError as e:\n    print(e)\n")
     result = _run(["-c", code], no_triton)
     assert result.returncode == 0, result.stderr
+    assert "probe: None" in result.stdout
     assert "No module named 'triton'" in result.stdout and "bash setup.sh" in result.stdout
 
 
