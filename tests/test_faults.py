@@ -150,7 +150,7 @@ def test_a_hanging_submission_costs_at_most_the_stage_limit(tmp_path):
     folder = mutants.build(STAGE1, mutants.Mutant("hangs", "hangs everywhere", edits=edits), tmp_path / "sub")
     limits = Limits(check_timeout=4, stage_timeout=7, memory_mb=1500, output_kb=256)
     result = grade_stage(STAGE1, str(folder), only=[SOFTMAX, "softmax_large_values", ATTENTION, "attention_bad_input"],
-                         limits=limits)
+                         limits=limits, jobs=1)
     assert [r.status for r in result.results] == ["timeout"] * 4
     # The first check hangs for its 4 s, the second until the stage's 7 s are up, and the others
     # are not started at all.

@@ -129,10 +129,10 @@ def test_only_your_own_files_get_a_compile_cache(monkeypatch, tmp_path):
     (folder / f"{stage.module}.py").write_text((ROOT / "solutions" / f"{stage.module}.py").read_text())
     for source in ("solutions", str(folder)):
         with pytest.raises(Stop):
-            grade.grade_stage(stage, source)
+            grade.grade_stage(stage, source, jobs=1)
     monkeypatch.setenv("WORKBOOK_PRIVATE", str(tmp_path))      # a batch's grading
     with pytest.raises(Stop):
-        grade.grade_stage(stage, "solutions")
+        grade.grade_stage(stage, "solutions", jobs=1)
     assert seen == [sandbox.compile_cache("solutions"), None, None]
     with pytest.raises(ValueError, match="name must be"):
         sandbox.compile_cache(str(folder))
