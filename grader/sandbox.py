@@ -232,18 +232,46 @@ def compile_cache(name: str) -> Path:
     return path
 
 
-def _give(folder: Path, uid: int) -> None:
-    """Make ``folder`` and everything in it ``uid``'s, following no link.  A file with other names
-    elsewhere (a hard link a worker made) is removed, not given: it may be someone else's."""
-    os.lchown(folder, uid, uid)
-    for root, dirs, names in os.walk(folder):
-        for name in dirs + names:
-            path = os.path.join(root, name)
-            st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
-                os.unlink(path)
-            else:
-                os.lchown(path, uid, uid)
+#: The group of a compile cache that the workers of one grading share, each under a uid of its own.
+CACHE_GID = UID_BASE + UID_SLOTS + 1
+#: Those workers' umask: what one of them adds to the cache, the others may read and replace.
+CACHE_UMASK = 0o007
+
+
+def _share(folder: Path, gid: int = CACHE_GID) -> None:
+    """Make ``folder`` a cache for workers in group ``gid``: every folder in it setgid and the group's
+    (so what a worker adds joins the group), every file readable and writable by the group.
+
+    Every entry is opened without following links, from its folder's handle (os.fwalk), and changed
+    through that handle: a link a worker planted, or a folder swapped for one while this runs, leads
+    nowhere.  A file with other names elsewhere (a hard link a worker made) is removed, not shared:
+    it may be someone else's.
+    """
+    def share(fd: int, folder: bool) -> None:
+        mode = os.fstat(fd).st_mode
+        os.fchown(fd, -1, gid)
+        os.fchmod(fd, 0o2770 if folder else (stat.S_IMODE(mode) & 0o777) | 0o660)
+
+    top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        share(top, True)
+    finally:
+        os.close(top)
+    for _, dirs, names, dir_fd in os.fwalk(folder, follow_symlinks=False):
+        for name, is_dir in [(d, True) for d in dirs] + [(n, False) for n in names]:
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | (os.O_DIRECTORY if is_dir else 0)
+            try:
+                fd = os.open(name, flags, dir_fd=dir_fd)
+            except OSError:
+                continue                       # a link (ELOOP), or gone: nothing to share
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1:
+                    os.unlink(name, dir_fd=dir_fd)
+                elif stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+                    share(fd, stat.S_ISDIR(st.st_mode))
+            finally:
+                os.close(fd)
 
 
 def _cache_env(cache: str) -> dict[str, str]:
@@ -299,7 +327,7 @@ class Sandbox:
             os.chown(self.scratch, self.uid, self.uid)
             os.chmod(self.scratch, 0o700)
         if self.cache is not None and self.uid is not None:
-            _give(self.cache, self.uid)
+            _share(self.cache)
         self.cgroup = CGroup.make(self.memory_mb, self.processes)
 
     def command(self, argv: list[str]) -> list[str]:
@@ -318,9 +346,15 @@ class Sandbox:
                     *(["--bind", str(self.cache), CACHE_MOUNT] if self.cache is not None else []),
                     "--chdir", str(ROOT), "--"]
         if self.uid is not None:
-            cmd += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--no-new-privs",
+            groups = [f"--groups={CACHE_GID}"] if self.cache is not None else ["--clear-groups"]
+            cmd += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", *groups, "--no-new-privs",
                     "--inh-caps=-all", "--bounding-set=-all", "--"]
         return cmd + list(argv)
+
+    @property
+    def umask(self) -> int:
+        """The worker's umask: with a cache that several uids share, what it writes stays theirs to use."""
+        return CACHE_UMASK if self.cache is not None and self.uid is not None else -1
 
     def env(self) -> dict[str, str]:
         env = _worker_env(home=self.home(), uid=self.uid)

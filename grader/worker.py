@@ -282,7 +282,7 @@ class Runner:
             self._proc = subprocess.Popen(
                 self._sandbox.command(argv), cwd=sandbox.ROOT if self.mechanism.name != "bubblewrap" else "/",
                 env=self._sandbox.env(), stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
-                pass_fds=(to_worker_r, from_worker_w), start_new_session=True)
+                pass_fds=(to_worker_r, from_worker_w), start_new_session=True, umask=self._sandbox.umask)
         finally:
             for fd in (to_worker_r, from_worker_w, log_w):
                 os.close(fd)

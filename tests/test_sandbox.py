@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -94,19 +95,48 @@ def test_a_compile_cache_outlives_one_worker_and_holds_nothing_else(name, tmp_pa
     assert outside.read_text() == "the grader's"
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving files to another uid needs root")
-def test_giving_a_cache_to_a_worker_uid_follows_no_link(tmp_path):
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="giving files to another group needs root")
+def test_sharing_a_cache_between_worker_uids_follows_no_link(tmp_path):
     cache, outside = tmp_path / "cache", tmp_path / "outside.txt"
     cache.mkdir()
     outside.write_text("root's")
+    outside.chmod(0o600)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret").write_text("root's")
     (cache / "link").symlink_to(outside)
+    (cache / "dir_link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     os.link(outside, cache / "hard")            # a second name of a file that is not the worker's
     (cache / "triton").mkdir()
     (cache / "triton" / "k.bin").write_text("x")
-    uid = sandbox.UID_BASE + 3
-    sandbox._give(cache, uid)
-    assert outside.stat().st_uid == 0 and not (cache / "hard").exists()
-    assert (cache / "link").lstat().st_uid == uid and (cache / "triton" / "k.bin").stat().st_uid == uid
+    sandbox._share(cache)
+    assert outside.stat().st_gid == 0 and stat.S_IMODE(outside.stat().st_mode) == 0o600
+    assert (tmp_path / "elsewhere" / "secret").stat().st_gid == 0
+    assert not (cache / "hard").exists() and (cache / "link").is_symlink()
+    kernel, folder = (cache / "triton" / "k.bin").stat(), (cache / "triton").stat()
+    assert kernel.st_gid == folder.st_gid == sandbox.CACHE_GID
+    assert kernel.st_mode & 0o660 == 0o660 and stat.S_IMODE(folder.st_mode) == 0o2770
+
+
+def test_workers_under_two_uids_share_one_compile_cache(tmp_path, request):
+    """A grading's workers each have a uid of their own (the user mechanism) and one cache: what one
+    compiles the other reads, and may replace."""
+    mechanism = _mechanism_or_skip("user")
+    import shutil
+    import tempfile
+    cache = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-test-cache-", dir=sandbox.private_dir()))
+    request.addfinalizer(lambda: shutil.rmtree(cache, ignore_errors=True))
+    boxes = [sandbox.Sandbox(mechanism, sandbox.View(readable=()), cache=cache) for _ in range(2)]
+    try:
+        for box in boxes:
+            box.open()
+        assert boxes[0].uid != boxes[1].uid
+        for box, step in zip(boxes + boxes[:1], ("write", "write", "read")):
+            done = subprocess.run(box.command([sys.executable, "-c", WRITE_CACHE, step]), env=box.env(),
+                                  cwd="/", capture_output=True, text=True, timeout=120, umask=box.umask)
+            assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr
+    finally:
+        for box in boxes:
+            box.close()
 
 
 def test_only_your_own_files_get_a_compile_cache(monkeypatch, tmp_path):
