@@ -276,21 +276,28 @@ def _share(folder: Path, gid: int = CACHE_GID) -> None:
 
 def _cache_env(cache: str) -> dict[str, str]:
     return dict(TRITON_CACHE_DIR=f"{cache}/triton", TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor",
-                TORCH_EXTENSIONS_DIR=f"{cache}/torch_extensions", CUDA_CACHE_PATH=f"{cache}/nv")
+                TORCH_EXTENSIONS_DIR=f"{cache}/torch_extensions", CUDA_CACHE_PATH=f"{cache}/nv",
+                WORKBOOK_CACHE=f"{cache}/workbook")         # stage 4's CUDA builds (kernels/cuda_build.py)
+
+
+#: Workers do not autotune: kernels.tuning.AUTOTUNE_ENV, set to 0 (that module needs Triton to import).
+NO_AUTOTUNE = {"WORKBOOK_AUTOTUNE": "0"}
 
 
 def _worker_env(*, home: str | None, uid: int | None) -> dict[str, str]:
     """A clean environment: nothing of the grader's own (tokens, paths to records) reaches the worker.
 
     With no home of its own (no isolation: your own machine) the worker keeps your environment,
-    and with it your compile caches."""
+    and with it your compile caches.  Either way it does not autotune (kernels/tuning.py): a check
+    needs a right answer, not the fastest tile, and timing every tile of a table is most of a cold
+    grading's compiling."""
     if home is None:
-        return dict(os.environ, PYTHONUNBUFFERED="1")
+        return dict(os.environ, PYTHONUNBUFFERED="1", **NO_AUTOTUNE)
     keep = ("PATH", "LANG", "LC_ALL", "TERM", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
             "CUDA_HOME", "CUDA_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "WORKBOOK_SEED", "TORCH_CUDA_ARCH_LIST",
             "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "WORKBOOK_PRIVATE", "WORKBOOK_PROTECT")
     env = {k: os.environ[k] for k in keep if k in os.environ}
-    env.update(HOME=home, TMPDIR=home, USER="learner",
+    env.update(NO_AUTOTUNE, HOME=home, TMPDIR=home, USER="learner",
                LOGNAME="learner", PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1",
                TRITON_CACHE_DIR=f"{home}/.triton", XDG_CACHE_HOME=f"{home}/.cache")
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")

@@ -17,12 +17,15 @@ The first call with a new key (and dtype) compiles and times every entry of its 
 ``triton.testing.do_bench`` and keeps the fastest; later calls with that key reuse it.  Timing
 only pays for itself on long sequences, so :func:`plan` says when to: on a GPU, for at least
 ``TUNE_FROM`` (query, key) pairs, and never when the caller fixed the tile or asked for
-per-block counts (whose shape depends on the tile).  Otherwise it launches ``kernel.fn``, the
+per-block counts (whose shape depends on the tile), nor where ``WORKBOOK_AUTOTUNE=0`` (the
+grader's workers).  Otherwise it launches ``kernel.fn``, the
 kernel without the tuner, with the table's first entry, or on the CPU the interpreter's small
 tile, so that CPU-sized tests still cross block edges.
 """
 
 from __future__ import annotations
+
+import os
 
 from kernels import runtime
 
@@ -30,6 +33,9 @@ import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET
 
 #: (query, key) pairs per (batch, head) from which the autotuner is used (2048 x 2048).
 TUNE_FROM = 2048 * 2048
+#: Set to 0, no kernel is autotuned: every call takes its table's first entry.  The grader's
+#: workers set it (grader/sandbox.py): a check needs the right answer, not the fastest tile.
+AUTOTUNE_ENV = "WORKBOOK_AUTOTUNE"
 
 # The forward kernels of stages 3 and 5-9.  Bigger tiles reuse each K/V load for more queries
 # but need more registers and shared memory; more stages hide more load latency, each costing
@@ -166,7 +172,7 @@ def plan(kernel, tiles: dict, head_dim_pad: int, n_q: int, n_k: int, *, interpre
     the ``block_m``/``block_n`` asked for.
     """
     fixed = block_m is not None or block_n is not None or counting
-    if runtime.ON_GPU and not fixed and n_q * n_k >= TUNE_FROM:
+    if runtime.ON_GPU and not fixed and n_q * n_k >= TUNE_FROM and os.environ.get(AUTOTUNE_ENV, "1") != "0":
         return kernel, {}
     bm, bn, warps, stages = first_entry(tiles, head_dim_pad, interpreter_tile)
     return kernel.fn, {"BLOCK_M": block_m if block_m is not None else bm,

@@ -76,6 +76,19 @@ def test_plan_on_a_gpu(monkeypatch):
     assert kernel is _FakeAutotuned.fn and tile["BLOCK_N"] == 32 and tile["BLOCK_M"] == first[0]
 
 
+def test_the_graders_workers_never_autotune(monkeypatch):
+    """A check needs the right answer, not the fastest tile: grading workers take the first entry."""
+    from grader import sandbox
+    assert list(sandbox.NO_AUTOTUNE) == [tuning.AUTOTUNE_ENV]
+    for home in (None, "/tmp/learner"):
+        assert sandbox._worker_env(home=home, uid=None)[tuning.AUTOTUNE_ENV] == "0"
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setenv(tuning.AUTOTUNE_ENV, "0")
+    kernel, tile = tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, tuning.TUNE_FROM, 1,
+                               interpreter_tile=(32, 32, 4, 1))
+    assert kernel is _FakeAutotuned.fn and (tile["BLOCK_M"], tile["BLOCK_N"]) == tuning.FORWARD_TILES[128][0][:2]
+
+
 def test_gqa_pack_takes_whole_groups_of_two_four_or_eight_heads():
     assert [tuning.gqa_pack(g) for g in (1, 2, 3, 4, 6, 8, 16)] == [1, 2, 1, 4, 1, 8, 1]
 
