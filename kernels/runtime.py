@@ -123,6 +123,7 @@ def quicken_interpreter() -> bool:
     interpreter._patch_lang = patch_lang
     return True
 
+
 #: dtypes the Triton stages accept here.  The interpreter computes bfloat16 dots on raw
 #: bit patterns (an upstream bug), so bfloat16 is GPU-only.
 DTYPES: tuple[torch.dtype, ...] = (
