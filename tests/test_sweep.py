@@ -53,3 +53,33 @@ def test_a_failing_check_says_why_in_the_table():
     found["attention_lse_and_scale"].add(7, [], "seed 7: o: max error 1.0 at (0, 0)")
     table = format_table(stage, found, 0)
     assert "attention_lse_and_scale seeds [7]" in table and "seed 7: o: max error 1.0 at (0, 0)" in table
+
+
+def test_the_sweep_without_overflow_checks_computes_the_same_margins():
+    """The sweep turns off the interpreter's int32 overflow checks for speed; they must change no number."""
+    import dataclasses
+    import pytest
+    from grader.check import Ctx
+    from grader.testing.sweep import InProcess, without_overflow_checks
+    from kernels import runtime
+    if not runtime.INTERPRET:
+        pytest.skip("the overflow checks are the Triton interpreter's; a GPU build has none to turn off")
+    stage = stages.find("stage7")
+    runner = InProcess(stage)                       # turns them off
+    from triton.runtime import interpreter
+    builder = interpreter.interpreter_builder
+    assert builder.options.sanitize_overflow is False
+    check = {c.name: c for c in stage.checks()}["window_short_sequences"]
+
+    def margins():
+        ctx = Ctx(runner, 11, timeout=check.timeout)
+        check.fn(ctx)
+        return ctx.margins
+
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=True)
+    try:
+        checked = margins()
+        assert without_overflow_checks() and builder.options.sanitize_overflow is False
+        assert margins() == checked and checked
+    finally:
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=True)
