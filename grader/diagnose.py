@@ -845,3 +845,24 @@ def gradients(got: dict, q, k, v, do, opts: dict, *, allowed: dict) -> Diagnosis
         return None
     fit, cause, message = min(fitting)
     return Diagnosis(cause, f"{message} (wrong: {', '.join(wrong)})")
+
+
+def explain_gradients(got, q, k, v, do, *, sinks=None, **opts) -> str:
+    """For notebooks' check cells: "likely cause: ..." for wrong gradients, or "" when no known mistake fits.
+
+    ``got`` is ``(dq, dk, dv, dsinks)`` (dsinks None without learned sinks); ``opts`` are the
+    attention's options.  The tolerance is the grader's (PyTorch's own error in this dtype, the
+    gradient floors); tensors may live on any device.
+    """
+    from kernels import reference, tolerance
+    cpu = lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t
+    q, k, v, do, sinks = map(cpu, (q, k, v, do, sinks))
+    names = ("dq", "dk", "dv", "dsinks")
+    got = {n: cpu(g) for n, g in zip(names, got) if g is not None}
+    grads64 = reference.attention_grads(q, k, v, do, sinks=sinks, **opts)
+    base = reference.attention_grads(q, k, v, do, sinks=sinks, compute_dtype=tolerance.baseline_dtype(q.dtype), **opts)
+    floors = reference.gradient_floors(q, k, v, do, grads64, sinks=sinks, **opts)
+    allowed = {n: tolerance.compare(got[n], r, b, name=n, factor=tolerance.GRADIENT_FACTOR, floor=floors[n]).allowed
+               for n, r, b in zip(names, grads64[1:], base[1:]) if n in got and r is not None}
+    found = safely(gradients, got, q, k, v, do, dict(opts, sinks=sinks), allowed=allowed)
+    return f"likely cause: {found.message}" if found else ""

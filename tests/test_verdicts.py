@@ -321,3 +321,32 @@ def test_gradient_diagnoses_name_the_mistake_and_blame_nothing_on_right_answers(
     _, dk1, dv1, _ = _autograd(q, k, v, first, **opts)
     assert cause(dk=dk1, dv=dv1) == "gqa_first_head_only"
     assert cause(dq=dq * 1.5) is None          # a mistake it does not know: no cause is invented
+
+
+def test_notebooks_get_the_graders_diagnosis_of_gradients(tmp_path):
+    """Notebook 09's check cells name the cause of wrong gradients as the grader does, and none for right ones."""
+    import importlib.util
+
+    import torch
+
+    from grader import diagnose
+    from grader.testing import mutants
+    from kernels import loader
+    stage = stages.find("stage9")
+    spec = importlib.util.spec_from_file_location("wrong9", ROOT / "tests" / "wrong" / "stage9.py")
+    wrong = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wrong)
+    mutant = next(m for m in wrong.MUTANTS if m.name == "tiled_dq_unscaled")
+    g = torch.Generator().manual_seed(2)
+    q, k, v, do = (torch.randn(1, h, 30, 16, generator=g) for h in (4, 2, 2, 4))
+    sinks = torch.randn(4, generator=g)
+    opts = dict(causal=True, window=7, sink_tokens=2)
+    for folder, expected in ((mutants.build(stage, mutant, tmp_path / "wrong"), "dq"), (ROOT / "solutions", None)):
+        module = loader.load_file(folder / f"{stage.module}.py")
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v, sinks)]
+        module.tiled_attention(*leaves[:3], sinks=leaves[3], **opts).backward(do)
+        cause = diagnose.explain_gradients([t.grad for t in leaves], q, k, v, do, sinks=sinks, **opts)
+        if expected:
+            assert cause.startswith("likely cause:") and "scale" in cause and expected in cause, cause
+        else:
+            assert cause == "", cause
