@@ -200,19 +200,23 @@ def test_without_solutions_a_todo_above_a_stub_is_a_hole(tmp_path):
     assert "TODO(3b)" not in [label for label, _ in holes.unfilled_in(filled, name, solutions=tmp_path / "none")]
 
 
-def test_notebooks_get_the_graders_diagnosis(tmp_path):
+def _mutant(stage_name: str, name: str):
+    """The wrong solution ``name`` of tests/wrong/<stage>.py."""
     import importlib.util
+    spec = importlib.util.spec_from_file_location(f"wrong_{stage_name}", ROOT / "tests" / "wrong" / f"{stage_name}.py")
+    wrong = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wrong)
+    return next(m for m in wrong.MUTANTS if m.name == name)
 
+
+def test_notebooks_get_the_graders_diagnosis(tmp_path):
     import torch
 
     from grader import diagnose
     from grader.testing import mutants
     from kernels import loader
     stage = stages.find("stage5")
-    spec = importlib.util.spec_from_file_location("wrong5", ROOT / "tests" / "wrong" / "stage5.py")
-    wrong = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wrong)
-    mutant = next(m for m in wrong.MUTANTS if m.name == "top_left_alignment")
+    mutant = _mutant("stage5", "top_left_alignment")
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, n, 32, generator=g).to(runtime.DEVICE) for n in (17, 129, 129))
     for folder, expected in ((mutants.build(stage, mutant, tmp_path / "wrong"), "causal diagonal is aligned top-left"),
@@ -325,18 +329,13 @@ def test_gradient_diagnoses_name_the_mistake_and_blame_nothing_on_right_answers(
 
 def test_notebooks_get_the_graders_diagnosis_of_gradients(tmp_path):
     """Notebook 09's check cells name the cause of wrong gradients as the grader does, and none for right ones."""
-    import importlib.util
-
     import torch
 
     from grader import diagnose
     from grader.testing import mutants
     from kernels import loader
     stage = stages.find("stage9")
-    spec = importlib.util.spec_from_file_location("wrong9", ROOT / "tests" / "wrong" / "stage9.py")
-    wrong = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wrong)
-    mutant = next(m for m in wrong.MUTANTS if m.name == "tiled_dq_unscaled")
+    mutant = _mutant("stage9", "tiled_dq_unscaled")
     g = torch.Generator().manual_seed(2)
     q, k, v, do = (torch.randn(1, h, 30, 16, generator=g) for h in (4, 2, 2, 4))
     sinks = torch.randn(4, generator=g)
