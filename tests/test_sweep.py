@@ -83,3 +83,15 @@ def test_the_sweep_without_overflow_checks_computes_the_same_margins():
         assert margins() == checked and checked
     finally:
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=True)
+
+
+def test_a_check_that_draws_no_random_input_runs_once():
+    """Plans, nvcc and argument errors see the same inputs on every seed; a sweep runs them once, and
+    every check that draws from the seed's generator on every seed."""
+    from grader.testing.sweep import format_table
+    stage = stages.find("stage4")
+    found = sweep(stage, [0, 1], only=["plan_head_dims", "emulation_causal"])
+    assert (found["plan_head_dims"].runs, found["plan_head_dims"].draws_inputs) == (1, False)
+    assert (found["emulation_causal"].runs, found["emulation_causal"].draws_inputs) == (2, True)
+    table = format_table(stage, found, 1.0)
+    assert "on 2 seed(s)" in table and "the same on every seed: run once" in table

@@ -22,6 +22,8 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 from grader import stages
 from grader.check import CheckFailed, CheckSkipped, Ctx
 from grader.worker import LearnerError, _to_cpu, _to_device
@@ -88,6 +90,8 @@ class Margin:
     worst_seed: int | None = None
     worst_what: str = ""                                   # the comparison that made it
     margins: list[float] = field(default_factory=list)     # each seed's worst, for the median
+    draws_inputs: bool = True                              # False: it drew no random number, so every
+                                                           # seed gives the same run, and it ran once
 
     def add(self, seed: int, margins: list[tuple[str, float]], failed: str = "") -> None:
         self.runs += 1
@@ -122,7 +126,10 @@ def sweep(stage, seeds, *, only=None, progress=None) -> dict[str, Margin]:
 def _sweep_seeds(runner, checks, seeds, found, progress) -> None:
     for n, seed in enumerate(seeds):
         for c in checks:
+            if not found[c.name].draws_inputs:
+                continue                    # the same inputs on every seed: its one run says it all
             ctx = Ctx(runner, seed, timeout=c.timeout)
+            before = ctx.generator.get_state()
             failed = ""
             try:
                 c.fn(ctx)
@@ -130,6 +137,9 @@ def _sweep_seeds(runner, checks, seeds, found, progress) -> None:
                 continue
             except (CheckFailed, LearnerError) as exc:
                 failed = f"seed {seed}: {exc}"[:600]
+            # A check's only source of randomness is the seed's generator (the checks use no other),
+            # so one that left it untouched (plans, nvcc, argument errors) is the same on every seed.
+            found[c.name].draws_inputs = not torch.equal(before, ctx.generator.get_state())
             found[c.name].add(seed, ctx.margins, failed)
         if progress:
             progress(n + 1, seed)
@@ -155,6 +165,7 @@ def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None) -> dict
                 total.runs += m.runs
                 total.failures += m.failures
                 total.first_failure = total.first_failure or m.first_failure
+                total.draws_inputs = total.draws_inputs and m.draws_inputs
                 total.margins += m.margins
                 if m.worst_seed is not None and (total.worst_seed is None or m.worst > total.worst):
                     total.worst, total.worst_seed, total.worst_what = m.worst, m.worst_seed, m.worst_what
@@ -172,8 +183,9 @@ def format_table(stage, found: dict[str, Margin], seconds: float) -> str:
              f"  {'check':<{width}}  worst margin  median   seed of worst  failed  (margin = error / allowed)"]
     for m in found.values():
         if not m.margins:
+            what = "exact checks" if m.draws_inputs else "fixed inputs, the same on every seed: run once"
             lines.append(f"  {m.check:<{width}}  {'-':>12}  {'-':>6}   {'':>13}  {len(m.failures):>6}  "
-                         "(no tolerance comparison: exact checks)")
+                         f"(no tolerance comparison: {what})")
             continue
         lines.append(f"  {m.check:<{width}}  {m.worst:>12.3f}  {m.median:>6.3f}   {m.worst_seed:>13}  "
                      f"{len(m.failures):>6}  {m.worst_what[:70]}")
