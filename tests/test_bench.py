@@ -259,8 +259,9 @@ def test_json_rows_round_trip(tmp_path):
 def test_the_performance_page_is_generated_from_the_committed_json():
     """docs/performance.md is what `bench report` makes of docs/bench-h100.json: it cannot drift."""
     from grader.bench import report as bench_report
-    page = bench_report.render("docs/bench-h100.json")
+    page = bench_report.render("docs/bench-h100.json", chart="performance.png")
     assert (ROOT / "docs" / "performance.md").read_text() == page
+    assert (ROOT / "docs" / "performance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     meta, rows = bench_report.load(ROOT / "docs" / "bench-h100.json")
     assert meta["device"].startswith("NVIDIA") and rows
     for r in rows:   # every measured TFLOP/s the JSON holds is on the page
@@ -271,6 +272,16 @@ def test_the_performance_page_is_generated_from_the_committed_json():
     ratios = [t / tflops[(s, c, "sdpa-flash")] for (s, c, p), t in tflops.items()
               if p == "solution" and s != "stage4" and t and tflops.get((s, c, "sdpa-flash"))]
     assert f"{min(ratios):.2f}-{max(ratios):.2f}x" in (ROOT / "README.md").read_text().replace("\n", " ")
+
+
+def test_report_writes_the_page_and_its_chart(tmp_path):
+    from grader.bench import report as bench_report
+    source, page = tmp_path / "bench.json", tmp_path / "perf.md"
+    tables.write_json(ROWS, source)
+    assert bench_report.main(str(source), out=str(page)) == 0
+    text = page.read_text()
+    assert "](perf.png)" in text and (tmp_path / "perf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert text == bench_report.render(source, chart="perf.png")
 
 
 def test_plot_writes_a_png_with_a_panel_per_stage(tmp_path):

@@ -2,8 +2,9 @@
 
 docs/performance.md is generated from the JSON that ``python -m grader bench --json`` wrote, never
 typed by hand: per stage, each case's TFLOP/s for every provider timed in the same run, the
-solution's ratio to each of them, and peak memory.  A JSON file made before the bench recorded its
-machine (a plain list of rows) gives that machine with ``--device``.
+solution's ratio to each of them, and peak memory.  With ``--out``, the same rows are also drawn
+as a bar chart beside the page (docs/performance.png), which the page shows.  A JSON file made
+before the bench recorded its machine (a plain list of rows) gives that machine with ``--device``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def _fmt(x) -> str:
     return f"{x:.0f}" if isinstance(x, (int, float)) else "-"
 
 
-def render(path: str | Path, *, device: str | None = None, software: str | None = None) -> str:
+def render(path: str | Path, *, device: str | None = None, software: str | None = None,
+           chart: str | None = None) -> str:
+    """The page; ``chart`` is the file name of the rows' bar chart, shown under the preamble."""
     meta, rows = load(path)
     device = meta.get("device") or device or "not recorded"
     software = (", ".join(f"{k} {meta[k]}" for k in ("python", "torch", "triton") if meta.get(k))
@@ -52,6 +55,8 @@ def render(path: str | Path, *, device: str | None = None, software: str | None 
     shown = Path(path).resolve()
     shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
     out = [PREAMBLE.format(source=shown.as_posix(), device=device, software=software)]
+    if chart:
+        out += [f"![TFLOP/s of every case and provider, one panel per stage]({chart})", ""]
     for stage in dict.fromkeys(r["stage"] for r in rows):
         mine = [r for r in rows if r["stage"] == stage]
         names = list(dict.fromkeys(r["provider"] for r in mine))
@@ -82,11 +87,17 @@ def render(path: str | Path, *, device: str | None = None, software: str | None 
 
 
 def main(json_path: str, *, out: str | None = None, device: str | None = None, software: str | None = None) -> int:
-    """``python -m grader bench report BENCH.json``: the page, printed or written to ``out``; ``device`` and
-    ``software`` name the machine and versions of a JSON file that does not record them."""
-    text = render(json_path, device=device, software=software)
+    """``python -m grader bench report BENCH.json``: the page, printed or written to ``out`` (with its
+    chart beside it, ``out`` with the suffix .png); ``device`` and ``software`` name the machine and
+    versions of a JSON file that does not record them."""
     if out:
-        Path(out).write_text(text)
+        from grader.bench import chart
+        meta, rows = load(json_path)
+        png = Path(out).with_suffix(".png")
+        chart.plot(rows, png, title=f"{meta.get('device') or device or 'machine not recorded'}, bfloat16")
+        Path(out).write_text(render(json_path, device=device, software=software, chart=png.name))
+        print(f"wrote {out} and {png}")
     else:
+        text = render(json_path, device=device, software=software)
         sys.stdout.write(text)
     return 0
