@@ -20,6 +20,10 @@ NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_a_learners_notebook_runs_to_the_end(notebook, tmp_path):
+    # The workbook's own copy only: there stages/ is as released (it has solutions/ to release from);
+    # a learner's bundle leaves this file out, since its stages/ holds the learner's work.
+    if not (ROOT / "solutions").is_dir():
+        pytest.skip("stages/ is the learner's work here, not the release")
     copy = tmp_path / notebook
     copy.write_bytes((ROOT / "notebooks" / notebook).read_bytes())
     env = dict(os.environ, WORKBOOK_SOURCE="stages", PYTHONPATH=str(ROOT))
