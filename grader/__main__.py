@@ -174,6 +174,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write every check's margins there")
     p.add_argument("--jobs", type=int, default=1, help="processes to deal the seeds out to (CPU: one per core; a "
                                                        "GPU is best left to one)")
+    p.add_argument("--time-limit", type=_positive_int, metavar="SECONDS",
+                   help="start no seed after this long (per stage); the margins are those of the seeds done")
     p.set_defaults(command="sweep")
 
     p = sub.add_parser("doctor", help="what runs on this machine, what does not, and how to fix it",
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "sweep":
         from grader.testing import sweep
         return sweep.main(args.stages, seeds=args.seeds, first_seed=args.first_seed, exact_seeds=args.exact_seeds,
-                          only=args.only, json_path=args.json, jobs=args.jobs)
+                          only=args.only, json_path=args.json, jobs=args.jobs, time_limit=args.time_limit)
     from grader import doctor
     return doctor.main()
 

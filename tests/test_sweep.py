@@ -100,3 +100,17 @@ def test_a_check_that_draws_no_random_input_runs_once():
     assert (found["emulation_causal"].runs, found["emulation_causal"].draws_inputs) == (2, True)
     table = format_table(stage, found, 1.0)
     assert "on 2 seed(s)" in table and "the same on every seed: run once" in table
+
+
+def test_a_time_limit_stops_starting_seeds_and_the_json_says_which_ran(tmp_path, capsys):
+    import json
+    import time
+    from grader.testing import sweep as sweeping
+    stage, only = stages.find("stage1"), ["softmax_float16"]
+    assert sweep(stage, range(5), only=only, deadline=time.time() - 1)["softmax_float16"].runs == 0
+    assert sweep(stage, range(2), only=only, deadline=time.time() + 3600)["softmax_float16"].runs == 2
+    out = tmp_path / "sweep.json"
+    assert sweeping.main("stage1", seeds=2, first_seed=7, only=only, json_path=str(out), time_limit=3600) == 0
+    written = json.loads(out.read_text())
+    assert written["seeds"] == [7, 8, 2] and written["seeds_done"] == {"stage1": [7, 8]}
+    assert "on 2 seed(s)" in capsys.readouterr().out

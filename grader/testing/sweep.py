@@ -90,11 +90,13 @@ class Margin:
     worst_seed: int | None = None
     worst_what: str = ""                                   # the comparison that made it
     margins: list[float] = field(default_factory=list)     # each seed's worst, for the median
+    seeds: list[int] = field(default_factory=list)         # the seeds it ran on
     draws_inputs: bool = True                              # False: it drew no random number, so every
                                                            # seed gives the same run, and it ran once
 
     def add(self, seed: int, margins: list[tuple[str, float]], failed: str = "") -> None:
         self.runs += 1
+        self.seeds.append(seed)
         if failed:
             self.failures.append(seed)
             self.first_failure = self.first_failure or failed
@@ -111,20 +113,23 @@ class Margin:
         return ordered[len(ordered) // 2] if ordered else math.nan
 
 
-def sweep(stage, seeds, *, only=None, progress=None) -> dict[str, Margin]:
-    """Grade ``stage``'s reference on every seed of ``seeds``; the margin of each check that runs here."""
+def sweep(stage, seeds, *, only=None, progress=None, deadline: float | None = None) -> dict[str, Margin]:
+    """Grade ``stage``'s reference on every seed of ``seeds``; the margin of each check that runs here.
+    No seed starts after ``deadline`` (a ``time.time()``)."""
     runner = InProcess(stage)
     checks = [c for c in stage.checks() if (only is None or c.name in only) and (runtime.ON_GPU or not c.gpu)]
     found = {c.name: Margin(c.name) for c in checks}
     try:
-        _sweep_seeds(runner, checks, seeds, found, progress)
+        _sweep_seeds(runner, checks, seeds, found, progress, deadline)
     except KeyboardInterrupt:        # Ctrl-C (or SIGTERM, see main): the margins of the seeds done so far
         pass
     return found
 
 
-def _sweep_seeds(runner, checks, seeds, found, progress) -> None:
+def _sweep_seeds(runner, checks, seeds, found, progress, deadline=None) -> None:
     for n, seed in enumerate(seeds):
+        if deadline is not None and time.time() >= deadline:
+            return
         for c in checks:
             if not found[c.name].draws_inputs:
                 continue                    # the same inputs on every seed: its one run says it all
@@ -145,11 +150,11 @@ def _sweep_seeds(runner, checks, seeds, found, progress) -> None:
             progress(n + 1, seed)
 
 
-def _sweep_part(stage_name: str, seeds: list[int], only) -> dict[str, Margin]:
-    return sweep(stages.find(stage_name), seeds, only=only)
+def _sweep_part(stage_name: str, seeds: list[int], only, deadline) -> dict[str, Margin]:
+    return sweep(stages.find(stage_name), seeds, only=only, deadline=deadline)
 
 
-def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None) -> dict[str, Margin]:
+def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None, deadline=None) -> dict[str, Margin]:
     """``sweep`` with the seeds dealt out to ``jobs`` processes (spawned: each imports torch afresh)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -157,7 +162,7 @@ def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None) -> dict
     parts = [seeds[i::jobs] for i in range(jobs) if seeds[i::jobs]]
     found: dict[str, Margin] = {}
     with ProcessPoolExecutor(len(parts), mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_sweep_part, stage.name, part, only) for part in parts]
+        futures = [pool.submit(_sweep_part, stage.name, part, only, deadline) for part in parts]
         done = 0
         for future in as_completed(futures):
             for name, m in future.result().items():
@@ -167,6 +172,7 @@ def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None) -> dict
                 total.first_failure = total.first_failure or m.first_failure
                 total.draws_inputs = total.draws_inputs and m.draws_inputs
                 total.margins += m.margins
+                total.seeds += m.seeds
                 if m.worst_seed is not None and (total.worst_seed is None or m.worst > total.worst):
                     total.worst, total.worst_seed, total.worst_what = m.worst, m.worst_seed, m.worst_what
             done += 1
@@ -197,10 +203,12 @@ def format_table(stage, found: dict[str, Margin], seconds: float) -> str:
 
 
 def main(stage_names: str, *, seeds: int = 20, first_seed: int = 0, exact_seeds: list[int] | None = None,
-         only: list[str] | None = None, json_path: str | None = None, jobs: int = 1) -> int:
+         only: list[str] | None = None, json_path: str | None = None, jobs: int = 1,
+         time_limit: int | None = None) -> int:
     """``python -m grader sweep STAGES``: grade the reference of ``stage_names`` (``stage3`` or
     ``stage1,stage2``) on ``seeds`` seeds from ``first_seed`` (or exactly ``exact_seeds``), ``only`` these
-    checks, in ``jobs`` processes; print each check's worst margin, and write them all to ``json_path``."""
+    checks, in ``jobs`` processes, starting no seed of a stage after ``time_limit`` seconds on it; print each
+    check's worst margin, and write them all to ``json_path``."""
     import signal
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # stopped (a time limit): report what was done
     if not (loader.ROOT / "solutions").is_dir():
@@ -212,7 +220,7 @@ def main(stage_names: str, *, seeds: int = 20, first_seed: int = 0, exact_seeds:
         print(exc, file=sys.stderr)
         return 2
     seeds = exact_seeds or list(range(first_seed, first_seed + seeds))
-    ok, record = True, {}
+    ok, record, done = True, {}, {}
     for stage in chosen:
         names = {c.name for c in stage.checks()}
         unknown = [n for n in only or [] if n not in names]
@@ -226,17 +234,21 @@ def main(stage_names: str, *, seeds: int = 20, first_seed: int = 0, exact_seeds:
             print(f"\r{stage.name}: seed {done}/{len(seeds)} ({seed}), {time.monotonic() - start:.0f} s",
                   end="", file=sys.stderr, flush=True)
 
+        deadline = time.time() + time_limit if time_limit else None
         if jobs > 1:
-            found = sweep_parallel(stage, seeds, jobs=jobs, only=only, progress=progress)
+            found = sweep_parallel(stage, seeds, jobs=jobs, only=only, progress=progress, deadline=deadline)
         else:
-            found = sweep(stage, seeds, only=only, progress=progress)
+            found = sweep(stage, seeds, only=only, progress=progress, deadline=deadline)
         print(file=sys.stderr)
         print(format_table(stage, found, time.monotonic() - start))
         ok = ok and not any(m.failures for m in found.values())
-        record[stage.name] = {n: {k: v for k, v in asdict(m).items() if k != "margins"} | {"median": m.median}
-                              for n, m in found.items()}
+        record[stage.name] = {n: {k: v for k, v in asdict(m).items() if k not in ("margins", "seeds")}
+                              | {"median": m.median} for n, m in found.items()}
+        drawn = [set(m.seeds) for m in found.values() if m.draws_inputs and m.runs]    # every such check ran them
+        done[stage.name] = sorted(set.intersection(*drawn) if drawn else {s for m in found.values() for s in m.seeds})
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"device": runtime.describe(), "seeds": [seeds[0], seeds[-1], len(seeds)], "stages": record},
+            json.dump({"device": runtime.describe(), "seeds": [seeds[0], seeds[-1], len(seeds)],
+                       "seeds_done": done, "stages": record},
                       f, indent=1)
     return 0 if ok else 1
