@@ -261,6 +261,33 @@ def test_same_bits_as_stage9(op):
 
 
 @gpu
+def test_kept_kernels_give_tritons_results(op):
+    """The eager path's second call of a shape launches the compiled kernels it kept; a
+    (B, N, H, D) view, a misaligned view and another shape each get their own."""
+    base = torch.randn(2, 301 * 8 * 64 + 4, device=DEVICE, dtype=DTYPE)
+    cases = [_qkv(2, 8, 2, 300, 300, 64, grad=True), _qkv(1, 4, 4, 77, 150, 80, layout="bnhd", grad=True),
+             [base[:, 4:].reshape(2, 301, 8, 64)[:, :300].requires_grad_(True)] * 3]      # 8-byte aligned
+    layouts = ["bhnd", "bnhd", "bnhd"]
+    sinks = torch.randn(8, device=DEVICE, requires_grad=True)
+    runs = {}
+    for direct in (False, True):
+        op.DIRECT_LAUNCH = direct
+        try:
+            for i, ((q, k, v), layout) in enumerate(zip(cases, layouts)):
+                s = sinks[:q.shape[1 if layout == "bhnd" else 2]].detach().requires_grad_(True)
+                for call in range(2):
+                    o = op.attention(q, k, v, is_causal=True, window=64, sinks=s, enable_gqa=True, layout=layout)
+                    runs[direct, i, call] = (o, *torch.autograd.grad(o, (q, k, v, s), torch.ones_like(o)))
+        finally:
+            op.DIRECT_LAUNCH = True
+    assert op._compiled, "the eager path kept no compiled kernel"
+    for i in range(len(cases)):
+        for call in range(2):
+            for name, a, b in zip(("o", "dq", "dk", "dv", "dsinks"), runs[True, i, call], runs[False, i, 0]):
+                assert torch.equal(a, b), f"case {i}, call {call}: {name} differs from Triton's own launch"
+
+
+@gpu
 @pytest.mark.parametrize("n", [200, 2048])       # 2048: a shape whose tiles the autotuner picks
 def test_compile_fullgraph_matches_eager(op, n):
     torch.manual_seed(0)
