@@ -139,9 +139,9 @@ def attention_grads(q, k, v, do, *, sinks=None, compute_dtype=torch.float64, **o
 def gradient_floors(q, k, v, do, grads, *, sinks=None, **opts) -> dict:
     """The tolerance floors of each gradient, by name, for ``grads = attention_grads(...)`` in float64:
     for dq, dk and dv a few roundings of the largest of them (``tolerance.gradient_floor``) plus what
-    the backward's own arithmetic rounds (``tolerance.backward_floors``); with learned sinks, dsinks's
-    (``tolerance.sink_gradient_floor``, from this call's lse and delta).  The grader, the notebooks,
-    the benchmark and the tests judge gradients with these."""
+    the backward's own arithmetic rounds (``tolerance.backward_floors``, the output stored in q's dtype
+    included); with learned sinks, dsinks's (``tolerance.sink_gradient_floor``, from this call's lse
+    and delta).  The grader, the notebooks, the benchmark and the tests judge gradients with these."""
     p, vc, lse, _ = _probabilities(q, k, v, sinks=sinks, compute_dtype=torch.float64, causal=opts.get("causal", False),
                                    window=opts.get("window"), sink_tokens=opts.get("sink_tokens", 0),
                                    sm_scale=opts.get("sm_scale"))
@@ -150,12 +150,14 @@ def gradient_floors(q, k, v, do, grads, *, sinks=None, **opts) -> dict:
     scale = opts["sm_scale"] if opts.get("sm_scale") is not None else 1.0 / math.sqrt(D)
     o, do64 = grads[0].to(torch.float64), do.to(torch.float64)
     kc = k.to(torch.float64).repeat_interleave(group, dim=1)
-    own = tolerance.backward_floors(p, q.to(torch.float64), kc, vc, o, do64, lse, scale=scale, group=group)
+    own = tolerance.backward_floors(p, q.to(torch.float64), kc, vc, o, do64, lse, scale=scale, group=group,
+                                    stored=q.dtype)
     floor = tolerance.gradient_floor(*grads[1:4])
     floors = {name: floor + own[name] for name in ("dq", "dk", "dv")}
     if sinks is not None:
         delta = (do64 * o).sum(dim=-1)
-        floors["dsinks"] = tolerance.sink_gradient_floor(lse, delta, sinks)
+        floors["dsinks"] = tolerance.sink_gradient_floor(lse, delta, sinks, row=(do64 * o).abs().sum(dim=-1),
+                                                         stored=q.dtype)
     return floors
 
 

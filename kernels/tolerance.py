@@ -82,7 +82,14 @@ def gradient_floor(*grads: torch.Tensor) -> float:
     return 4 * EPS32 * (1.0 + max(float(g.detach().abs().max()) for g in grads))
 
 
-def backward_floors(p, q, k, v, o, do, lse, *, scale: float, group: int) -> dict[str, float]:
+def stored_rounding(dtype: torch.dtype) -> float:
+    """The unit roundoff of a tensor stored in ``dtype`` (half its eps): the relative error of the
+    forward's ``o`` once it is written in the inputs' dtype, as the backward then reads it."""
+    return float(torch.finfo(dtype).eps) / 2 if dtype.is_floating_point and dtype != torch.float64 else 0.0
+
+
+def backward_floors(p, q, k, v, o, do, lse, *, scale: float, group: int,
+                    stored: torch.dtype = torch.float32) -> dict[str, float]:
     """Floors for ``dq``, ``dk`` and ``dv`` from the roundings a FlashAttention backward makes and plain
     PyTorch does not, so that its own error cannot stand for them.  All float64: ``p`` (B, Hq, Nq, Nk)
     the reference's probabilities, ``k`` and ``v`` repeated to (B, Hq, Nk, D), ``lse`` (B, Hq, Nq).
@@ -96,14 +103,17 @@ def backward_floors(p, q, k, v, o, do, lse, *, scale: float, group: int) -> dict
       dq and dk inherit eps x scale x (p * (|dO| |V|^T + rowsum|dO O|)) @ |K| (and @ |Q|).
       PyTorch's autograd takes its delta from the same products as dp, which cancel exactly there,
       so its own error can be zero where the kernel's cannot.
+    * ``delta`` reads the output as the forward stored it, in the inputs' dtype ``stored``: each
+      ``O`` is off by its unit roundoff (``stored_rounding``), so delta by that x rowsum|dO O|.
     """
     finite = lse[torch.isfinite(lse)]
     exponent = EPS32 * (4.0 + LOG2E * (float(finite.abs().max()) if finite.numel() else 0.0))
     dp = do @ v.transpose(-1, -2)                                         # (B, Hq, Nq, Nk)
     delta = (do * o).sum(dim=-1, keepdim=True)
     ds = (p * (dp - delta)).abs()
-    sums = p * (do.abs() @ v.abs().transpose(-1, -2) + (do * o).abs().sum(dim=-1, keepdim=True))
-    rounded = exponent * ds + 2 * EPS32 * sums                           # |error of dS|, elementwise
+    row = (do * o).abs().sum(dim=-1, keepdim=True)                       # rowsum |dO O|, (B, Hq, Nq, 1)
+    sums = p * (do.abs() @ v.abs().transpose(-1, -2) + row)
+    rounded = exponent * ds + 2 * EPS32 * sums + stored_rounding(stored) * p * row   # |error of dS|
     dq = scale * (rounded @ k.abs())
     dk = scale * (rounded.transpose(-1, -2) @ q.abs())
     dv = exponent * (p.transpose(-1, -2) @ do.abs())
@@ -111,16 +121,23 @@ def backward_floors(p, q, k, v, o, do, lse, *, scale: float, group: int) -> dict
     return {"dq": float(dq.max()), "dk": float(dk.max()), "dv": float(dv.max())}
 
 
-def sink_gradient_floor(lse: torch.Tensor, delta: torch.Tensor, sinks: torch.Tensor) -> float:
+def sink_gradient_floor(lse: torch.Tensor, delta: torch.Tensor, sinks: torch.Tensor, *,
+                        row: torch.Tensor | None = None, stored: torch.dtype = torch.float32) -> float:
     """The floor for ``dsinks``, from the float64 reference's ``lse`` and ``delta`` (B, Hq, Nq).
 
     ``dsinks[h] = -sum over b, i of exp(sinks[h] - lse) * delta``: a sum of B x Nq terms of either sign,
     so it can cancel to a small number while float32 rounding still errs in proportion to the terms
     themselves. A few roundings of the largest head's sum of |terms| allow for that accumulation,
     where a floor from |dsinks| alone (or PyTorch's own error, as lucky as the kernel's) would not.
+    Each delta comes from the output as the forward stored it, in the inputs' dtype ``stored``: off
+    by its unit roundoff x ``row`` = rowsum|dO O| (B, Hq, Nq), weighted like its term.
     """
-    terms = torch.exp(sinks.detach().to(lse)[None, :, None] - lse) * delta
-    return 4 * EPS32 * (1.0 + float(terms.abs().sum(dim=(0, 2)).max()))
+    weight = torch.exp(sinks.detach().to(lse)[None, :, None] - lse)
+    terms = weight * delta
+    floor = 4 * EPS32 * (1.0 + float(terms.abs().sum(dim=(0, 2)).max()))
+    if row is not None:
+        floor += stored_rounding(stored) * float((weight * row).sum(dim=(0, 2)).max())
+    return floor
 
 
 def _position(index: tuple[int, ...], dims: tuple[str, ...] | None) -> str:

@@ -150,6 +150,21 @@ def test_the_sink_gradient_floor_follows_the_terms_not_their_cancelling_sum():
     assert floor > 50 * tolerance.default_floor(torch.zeros(1, dtype=torch.float64))   # |dsinks| = 0 here
 
 
+def test_the_sink_gradient_floor_allows_for_the_output_stored_in_half_precision():
+    """The backward's delta = rowsum(dO * O) reads O as the forward stored it: in float16 each O is off
+    by up to 2**-11 of itself, so each term of dsinks by that x rowsum|dO O|, weighted like the term."""
+    from kernels import tolerance
+    lse = torch.zeros(1, 1, 2, dtype=torch.float64)
+    delta = torch.tensor([[[1.0, -1.0]]], dtype=torch.float64)
+    row = torch.tensor([[[30.0, 10.0]]], dtype=torch.float64)
+    plain = tolerance.sink_gradient_floor(lse, delta, torch.zeros(1))
+    half = tolerance.sink_gradient_floor(lse, delta, torch.zeros(1), row=row, stored=torch.float16)
+    assert half == pytest.approx(plain + 2 ** -11 * 40.0)
+    assert tolerance.stored_rounding(torch.bfloat16) == 2 ** -8 and tolerance.stored_rounding(torch.float64) == 0.0
+    # an error of a wrong dsinks (one term's worth, 1.0) is still far outside the widened floor
+    assert half < 0.05
+
+
 def _flash_style_grads(q, k, v, do, **mask):
     """dq, dk, dv in float32 the way a FlashAttention backward computes them: p from the saved lse in
     base 2, and delta = rowsum(dO * O) from the rounded output rather than from dP."""
