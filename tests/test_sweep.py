@@ -102,10 +102,13 @@ def test_a_check_that_draws_no_random_input_runs_once():
     assert "on 2 seed(s)" in table and "the same on every seed: run once" in table
 
 
-def test_a_time_limit_stops_starting_seeds_and_the_json_says_which_ran(tmp_path, capsys):
+def test_a_time_limit_stops_starting_seeds_and_the_json_says_which_ran(tmp_path, capsys, monkeypatch):
     import json
+    import os
     import time
     from grader.testing import sweep as sweeping
+    from kernels import tuning
+    monkeypatch.setenv(tuning.AUTOTUNE_ENV, "1")
     stage, only = stages.find("stage1"), ["softmax_float16"]
     assert sweep(stage, range(5), only=only, deadline=time.time() - 1)["softmax_float16"].runs == 0
     assert sweep(stage, range(2), only=only, deadline=time.time() + 3600)["softmax_float16"].runs == 2
@@ -114,3 +117,4 @@ def test_a_time_limit_stops_starting_seeds_and_the_json_says_which_ran(tmp_path,
     written = json.loads(out.read_text())
     assert written["seeds"] == [7, 8, 2] and written["seeds_done"] == {"stage1": [7, 8]}
     assert "on 2 seed(s)" in capsys.readouterr().out
+    assert os.environ[tuning.AUTOTUNE_ENV] == "0", "the sweep must take the tiles a grading's workers take"

@@ -209,8 +209,11 @@ def main(stage_names: str, *, seeds: int = 20, first_seed: int = 0, exact_seeds:
     ``stage1,stage2``) on ``seeds`` seeds from ``first_seed`` (or exactly ``exact_seeds``), ``only`` these
     checks, in ``jobs`` processes, starting no seed of a stage after ``time_limit`` seconds on it; print each
     check's worst margin, and write them all to ``json_path``."""
+    import os
     import signal
+    from grader.sandbox import NO_AUTOTUNE
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # stopped (a time limit): report what was done
+    os.environ.update(NO_AUTOTUNE)      # the tiles a grading's workers use (and --jobs processes inherit)
     if not (loader.ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/: there is no reference to sweep", file=sys.stderr)
         return 2
