@@ -47,10 +47,10 @@ def online_softmax(x: torch.Tensor, block: int = 128) -> torch.Tensor:
         # When the max grows from m to m_new, every term already in l was computed against
         # the old max: multiply l by exp(m - m_new).  Careful: while a row has seen only
         # -inf, m_new is -inf and exp(-inf - -inf) is NaN; subtract 0 instead of -inf then.
-        raise NotImplementedError("stage1_online_softmax.py: fill in the TODO at line 50")
+        raise NotImplementedError("stage1_online_softmax.py: TODO(1a) is not written yet")
     # Pass 2: normalise.  (Attention needs no second pass: the output is normalised at the end.)
     # TODO(1b): return exp(x - m) / l, with zeros (not NaN) for rows whose l is 0.
-    raise NotImplementedError("stage1_online_softmax.py: fill in the TODO at line 53")
+    raise NotImplementedError("stage1_online_softmax.py: TODO(1b) is not written yet")
 
 
 def flash_attention(q, k, v, *, block_m: int, block_n: int, sm_scale: float | None = None):
@@ -80,9 +80,9 @@ def flash_attention(q, k, v, *, block_m: int, block_n: int, sm_scale: float | No
             # TODO(1c): scores of this tile, then the online-softmax update of m, l and acc.
             # s = scale * qi @ kj^T; the new max m_new; alpha = exp(m - m_new) rescales the old
             # l and acc; p = exp(s - m_new); l += rowsum(p); acc += p @ vj.
-            raise NotImplementedError("stage1_online_softmax.py: fill in the TODO at line 83")
+            raise NotImplementedError("stage1_online_softmax.py: TODO(1c) is not written yet")
         # TODO(1d): write this block's output acc / l (in q's dtype) and its lse = m + log(l).
-        raise NotImplementedError("stage1_online_softmax.py: fill in the TODO at line 85")
+        raise NotImplementedError("stage1_online_softmax.py: TODO(1d) is not written yet")
     return o, lse
 
 

@@ -44,7 +44,7 @@ def padding_waste(head_dim: int) -> float:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
     # TODO(3d): the kernel computes head_dim as triton.next_power_of_2(head_dim) columns; return
     # the fraction of those columns that are padding (0.0 when head_dim is a power of two).
-    raise NotImplementedError("stage3_flash_forward.py: fill in the TODO at line 47")
+    raise NotImplementedError("stage3_flash_forward.py: TODO(3d) is not written yet")
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD"])

@@ -96,7 +96,7 @@ def tile_smem_bytes(block_m: int, block_n: int, head_dim_padded: int, itemsize: 
     # TODO(4s): one Q tile (block_m rows), plus one K and one V tile (block_n rows each) for each
     # of the STAGES pipeline stages; every row holds head_dim_padded + ROW_PAD elements of
     # itemsize bytes.
-    raise NotImplementedError("stage4_variable_block.py: fill in the TODO at line 99")
+    raise NotImplementedError("stage4_variable_block.py: TODO(4s) is not written yet")
 
 
 def _check_head_dim(head_dim) -> None:
@@ -124,7 +124,7 @@ def plan_tiling(head_dim: int, *, dtype: torch.dtype = torch.float16, causal: bo
     #    block_m queries, so the tall blocks come first.
     # 3. Return the first candidate whose tile_smem_bytes(...) fits in `limit`, as a Tiling; if
     #    none fits, raise ValueError naming the shared memory needed and the limit.
-    raise NotImplementedError("stage4_variable_block.py: fill in the TODO at line 127")
+    raise NotImplementedError("stage4_variable_block.py: TODO(4p) is not written yet")
 
 
 def padding_waste(head_dims=WASTE_HEAD_DIMS) -> dict[int, dict[str, tuple[int, float]]]:
@@ -222,7 +222,7 @@ def emulate_attention(q, k, v, *, causal: bool = False, sm_scale: float | None =
             # scaled max m_scaled = m_new * scale_log2 (0 where m_new is -inf, so no -inf - -inf),
             # alpha = exp2(m * scale_log2 - m_scaled), p = exp2(s * scale_log2 - m_scaled),
             # l = l * alpha + rowsum(p), acc = acc * alpha + (p rounded to v's dtype) @ v-tile.
-            raise NotImplementedError("stage4_variable_block.py: fill in the TODO at line 225")
+            raise NotImplementedError("stage4_variable_block.py: TODO(4e) is not written yet")
             if trace is not None:
                 trace.append(TileStep(qb, kb, needs_mask, m[0, 0].clone(), l[0, 0].clone()))
         # Like the kernel's epilogue: o = acc * (1 / l), with 1 / l := 0 for a row that saw no key.

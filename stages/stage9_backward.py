@@ -406,7 +406,7 @@ def tiled_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
         #   dv += p^T @ dO, dp = dO @ vj^T, ds = p * (dp - delta),
         #   dq += scale * ds @ kj, dk += scale * ds^T @ qi,
         # summing dk and dv over the group's heads (dimension 2).
-        raise NotImplementedError("stage9_backward.py: fill in the TODO at line 409")
+        raise NotImplementedError("stage9_backward.py: TODO(9a) is not written yet")
     dsinks = dsinks.flatten().to(sinks.dtype) if sinks is not None else None
     return (dq.flatten(1, 2).to(q.dtype), dk.squeeze(2).to(k.dtype), dv.squeeze(2).to(v.dtype), dsinks)
 

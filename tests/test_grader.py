@@ -29,7 +29,9 @@ def test_render_replaces_solution_blocks_and_keeps_todos():
            "    # BEGIN SOLUTION stub=pass\n    x = 1\n    # END SOLUTION\n"
     out = release.render(text, "s.py")
     assert "# TODO: add" in out and "return 1" not in out and "demo" not in out
-    assert 'raise NotImplementedError("s.py: fill in the TODO at line 3")' in out
+    assert 'raise NotImplementedError("s.py: the TODO above is not written yet")' in out
+    labelled = release.render("def f():\n    # TODO(1a): add\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n", "s.py")
+    assert 'raise NotImplementedError("s.py: TODO(1a) is not written yet")' in labelled
     assert out.rstrip().endswith("    pass")
     with pytest.raises(release.MarkerError, match="never closed"):
         release.render("# BEGIN SOLUTION\nx\n", "s.py")

@@ -3,7 +3,7 @@
 In a solution, code between ``# BEGIN SOLUTION`` and ``# END SOLUTION`` is what the learner
 writes.  The comments just above the block (the TODO) stay; the block becomes one stub line:
 
-    # BEGIN SOLUTION              ->  raise NotImplementedError("stage1_online_softmax.py, TODO at line 42")
+    # BEGIN SOLUTION              ->  raise NotImplementedError("stage1_online_softmax.py: TODO(1a) is not written yet")
     # BEGIN SOLUTION stub=pass    ->  pass        (inside a @triton.jit kernel, where raise cannot go)
     # BEGIN SOLUTION stub=        ->  (nothing: solution-only code such as a __main__ benchmark)
 
@@ -35,10 +35,22 @@ from kernels.loader import ROOT
 MANIFEST = ".release.json"
 _BEGIN = re.compile(r"^(\s*)(?:#|//) BEGIN SOLUTION(?:\s+stub=(.*))?\s*$")
 _END = re.compile(r"^\s*(?:#|//) END SOLUTION\s*$")
+_TODO_LABEL = re.compile(r"TODO\(\w+\)")
 
 
 class MarkerError(ValueError):
     pass
+
+
+def _label_above(out: list[str]) -> str | None:
+    """The TODO label (``TODO(1a)``) in the lines right above a hole, up to a blank line."""
+    for line in reversed(out):
+        if not line.strip():
+            return None
+        found = _TODO_LABEL.search(line)
+        if found:
+            return found.group(0)
+    return None
 
 
 def render(text: str, filename: str) -> str:
@@ -55,8 +67,9 @@ def render(text: str, filename: str) -> str:
             indent, stub = begin.group(1), begin.group(2)
             if stub is None and filename.endswith(".cu"):
                 stub = ""  # C++ has no NotImplementedError: the .cu's TODO comments say what to write
-            elif stub is None:
-                stub = f'raise NotImplementedError("{filename}: fill in the TODO at line {len(out) + 1}")'
+            elif stub is None:         # named by its TODO's label, which (unlike a line number) never goes stale
+                label = _label_above(out)
+                stub = f'raise NotImplementedError("{filename}: {label or "the TODO above"} is not written yet")'
             if stub.strip():
                 out.append(f"{indent}{stub.strip()}\n")
         elif end:
