@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 
 from grader import holes
+from grader.publishing.release import LABEL
 from kernels.loader import ROOT
 
-_LABEL = re.compile(r"TODO\(\w+\)")
 _RANGE = re.compile(r"TODO\((\d+)([a-z])\) to TODO\(\1([a-z])\)")      # "TODO(2a) to TODO(2c)"
 
 
@@ -32,7 +32,7 @@ def _shown(path: Path) -> str:
 
 def labels(todo: str) -> set[str]:
     """The TODO labels ``todo`` names: "TODO(8a) and TODO(8c)", "TODO(2a) to TODO(2c)" (all three)."""
-    found = set(_LABEL.findall(todo or ""))
+    found = set(LABEL.findall(todo or ""))
     for stage, first, last in _RANGE.findall(todo or ""):
         found |= {f"TODO({stage}{chr(c)})" for c in range(ord(first), ord(last) + 1)}
     return found

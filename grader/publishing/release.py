@@ -35,7 +35,7 @@ from kernels.loader import ROOT
 MANIFEST = ".release.json"
 _BEGIN = re.compile(r"^(\s*)(?:#|//) BEGIN SOLUTION(?:\s+stub=(.*))?\s*$")
 _END = re.compile(r"^\s*(?:#|//) END SOLUTION\s*$")
-_TODO_LABEL = re.compile(r"TODO\(\w+\)")
+LABEL = re.compile(r"TODO\(\w+\)")          # a TODO's label: TODO(1a)
 
 
 class MarkerError(ValueError):
@@ -47,7 +47,7 @@ def _label_above(out: list[str]) -> str | None:
     for line in reversed(out):
         if not line.strip():
             return None
-        found = _TODO_LABEL.search(line)
+        found = LABEL.search(line)
         if found:
             return found.group(0)
     return None

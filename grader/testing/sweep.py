@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -26,6 +27,7 @@ import torch
 
 from grader import stages
 from grader.check import CheckFailed, CheckSkipped, Ctx
+from grader.sandbox import NO_AUTOTUNE
 from grader.worker import LearnerError, _to_cpu, _to_device
 from kernels import loader, runtime
 
@@ -59,6 +61,7 @@ class InProcess:
         self.stage, self.source = stage.module, "solutions"
         self._module = loader.load_stage(stage.module, "solutions")
         without_overflow_checks()
+        os.environ.update(NO_AUTOTUNE)      # a worker's setting: the tiles a grading uses, never autotuned
 
     def call(self, fn_name, *args, timeout=None, **kwargs):
         fn = getattr(self._module, fn_name)
@@ -209,11 +212,8 @@ def main(stage_names: str, *, seeds: int = 20, first_seed: int = 0, exact_seeds:
     ``stage1,stage2``) on ``seeds`` seeds from ``first_seed`` (or exactly ``exact_seeds``), ``only`` these
     checks, in ``jobs`` processes, starting no seed of a stage after ``time_limit`` seconds on it; print each
     check's worst margin, and write them all to ``json_path``."""
-    import os
     import signal
-    from grader.sandbox import NO_AUTOTUNE
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # stopped (a time limit): report what was done
-    os.environ.update(NO_AUTOTUNE)      # the tiles a grading's workers use (and --jobs processes inherit)
     if not (loader.ROOT / "solutions").is_dir():
         print("this copy of the workbook has no solutions/: there is no reference to sweep", file=sys.stderr)
         return 2
