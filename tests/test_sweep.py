@@ -41,6 +41,7 @@ def test_a_parallel_sweep_finds_what_a_serial_one_does():
     assert list(parallel) == list(serial)
     for name, m in serial.items():
         assert (parallel[name].runs, parallel[name].worst, parallel[name].worst_seed) == (m.runs, m.worst, m.worst_seed)
+        assert len(parallel[name].seconds) == len(m.seconds) == m.runs
 
 
 def test_checks_that_call_the_graders_helpers_run_in_the_sweep():
@@ -116,5 +117,8 @@ def test_a_time_limit_stops_starting_seeds_and_the_json_says_which_ran(tmp_path,
     assert sweeping.main("stage1", seeds=2, first_seed=7, only=only, json_path=str(out), time_limit=3600) == 0
     written = json.loads(out.read_text())
     assert written["seeds"] == [7, 8, 2] and written["seeds_done"] == {"stage1": [7, 8]}
-    assert "on 2 seed(s)" in capsys.readouterr().out
+    times = written["stages"]["stage1"]["softmax_float16"]
+    assert times["first_seconds"] > 0 and times["then_seconds"] > 0      # the first seed's and the others'
+    table = capsys.readouterr().out
+    assert "on 2 seed(s)" in table and "first s  then s" in table
     assert os.environ[tuning.AUTOTUNE_ENV] == "0", "the sweep must take the tiles a grading's workers take"

@@ -96,6 +96,7 @@ class Margin:
     seeds: list[int] = field(default_factory=list)         # the seeds it ran on
     draws_inputs: bool = True                              # False: it drew no random number, so every
                                                            # seed gives the same run, and it ran once
+    seconds: list[float] = field(default_factory=list)     # each run's wall time, in seed order
 
     def add(self, seed: int, margins: list[tuple[str, float]], failed: str = "") -> None:
         self.runs += 1
@@ -112,8 +113,17 @@ class Margin:
 
     @property
     def median(self) -> float:
-        ordered = sorted(self.margins)
-        return ordered[len(ordered) // 2] if ordered else math.nan
+        return _median(self.margins)
+
+    @property
+    def times(self) -> tuple[float, float]:
+        """Seconds of its first run (which compiles what it launches) and the median of the others."""
+        return (self.seconds[0] if self.seconds else math.nan), _median(self.seconds[1:])
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else math.nan
 
 
 def sweep(stage, seeds, *, only=None, progress=None, deadline: float | None = None) -> dict[str, Margin]:
@@ -139,6 +149,7 @@ def _sweep_seeds(runner, checks, seeds, found, progress, deadline=None) -> None:
             ctx = Ctx(runner, seed, timeout=c.timeout)
             before = ctx.generator.get_state()
             failed = ""
+            began = time.perf_counter()
             try:
                 c.fn(ctx)
             except CheckSkipped:
@@ -148,12 +159,16 @@ def _sweep_seeds(runner, checks, seeds, found, progress, deadline=None) -> None:
             # A check's only source of randomness is the seed's generator (the checks use no other),
             # so one that left it untouched (plans, nvcc, argument errors) is the same on every seed.
             found[c.name].draws_inputs = not torch.equal(before, ctx.generator.get_state())
+            found[c.name].seconds.append(time.perf_counter() - began)
             found[c.name].add(seed, ctx.margins, failed)
         if progress:
             progress(n + 1, seed)
 
 
-def _sweep_part(stage_name: str, seeds: list[int], only, deadline) -> dict[str, Margin]:
+def _sweep_part(stage_name: str, seeds: list[int], only, deadline, threads: int) -> dict[str, Margin]:
+    # The references are small float64 problems on the CPU: a process per job, each with all the
+    # cores' threads, would spend most of its time waiting for the others'.
+    torch.set_num_threads(threads)
     return sweep(stages.find(stage_name), seeds, only=only, deadline=deadline)
 
 
@@ -165,7 +180,8 @@ def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None, deadlin
     parts = [seeds[i::jobs] for i in range(jobs) if seeds[i::jobs]]
     found: dict[str, Margin] = {}
     with ProcessPoolExecutor(len(parts), mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_sweep_part, stage.name, part, only, deadline) for part in parts]
+        threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or max(1, (os.cpu_count() or 1) // len(parts))
+        futures = [pool.submit(_sweep_part, stage.name, part, only, deadline, threads) for part in parts]
         done = 0
         for future in as_completed(futures):
             for name, m in future.result().items():
@@ -176,6 +192,7 @@ def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None, deadlin
                 total.draws_inputs = total.draws_inputs and m.draws_inputs
                 total.margins += m.margins
                 total.seeds += m.seeds
+                total.seconds += m.seconds
                 if m.worst_seed is not None and (total.worst_seed is None or m.worst > total.worst):
                     total.worst, total.worst_seed, total.worst_what = m.worst, m.worst_seed, m.worst_what
             done += 1
@@ -189,15 +206,18 @@ def format_table(stage, found: dict[str, Margin], seconds: float) -> str:
     seeds = max((m.runs for m in found.values()), default=0)   # fewer than asked when stopped early
     width = max([len(name) for name in found] + [5])
     lines = [f"{stage.name}: the reference on {seeds} seed(s), {runtime.describe()}, {seconds:.0f} s",
-             f"  {'check':<{width}}  worst margin  median   seed of worst  failed  (margin = error / allowed)"]
+             f"  {'check':<{width}}  worst margin  median   seed of worst  failed  first s  then s  "
+             "(margin = error / allowed)"]
     for m in found.values():
+        first, then = m.times
+        times = f"{first:>7.1f}  {then:>6.2f}".replace("nan", "  -")
         if not m.margins:
             what = "exact checks" if m.draws_inputs else "fixed inputs, the same on every seed: run once"
-            lines.append(f"  {m.check:<{width}}  {'-':>12}  {'-':>6}   {'':>13}  {len(m.failures):>6}  "
+            lines.append(f"  {m.check:<{width}}  {'-':>12}  {'-':>6}   {'':>13}  {len(m.failures):>6}  {times}  "
                          f"(no tolerance comparison: {what})")
             continue
         lines.append(f"  {m.check:<{width}}  {m.worst:>12.3f}  {m.median:>6.3f}   {m.worst_seed:>13}  "
-                     f"{len(m.failures):>6}  {m.worst_what[:70]}")
+                     f"{len(m.failures):>6}  {times}  {m.worst_what[:70]}")
     failing = {name: m.failures[:5] for name, m in found.items() if m.failures}
     if failing:
         lines.append("  FAILED on: " + "; ".join(f"{n} seeds {s}" for n, s in failing.items()))
@@ -245,8 +265,9 @@ def main(stage_names: str, *, seeds: int = 20, first_seed: int = 0, exact_seeds:
         print(file=sys.stderr)
         print(format_table(stage, found, time.monotonic() - start))
         ok = ok and not any(m.failures for m in found.values())
-        record[stage.name] = {n: {k: v for k, v in asdict(m).items() if k not in ("margins", "seeds")}
-                              | {"median": m.median} for n, m in found.items()}
+        record[stage.name] = {n: {k: v for k, v in asdict(m).items() if k not in ("margins", "seeds", "seconds")}
+                              | {"median": m.median, "first_seconds": m.times[0], "then_seconds": m.times[1]}
+                              for n, m in found.items()}
         drawn = [set(m.seeds) for m in found.values() if m.draws_inputs and m.runs]    # every such check ran them
         done[stage.name] = sorted(set.intersection(*drawn) if drawn else {s for m in found.values() for s in m.seeds})
     if json_path:
