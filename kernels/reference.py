@@ -7,10 +7,17 @@ trust and only suitable for test sizes.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
 from kernels import masks, tolerance, validate
+
+# A backward on the GPU started from one of the grader's check threads makes PyTorch warn that no
+# CUDA context was current there and that it is setting the primary one, which it does: the
+# results are unaffected, so a learner should not see it.
+warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context",
+                        category=UserWarning)
 
 
 def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None,

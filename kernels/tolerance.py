@@ -161,8 +161,8 @@ def allowed(ref: torch.Tensor, baseline: torch.Tensor, *, factor: float = OUTPUT
     """The largest error the rule allows against the float64 ``ref``: ``factor`` x the error of the plain
     PyTorch ``baseline`` + a floor (``default_floor`` unless given).  For checks that judge a quantity
     derived from outputs (notebooks' identities), with the grader's own numbers."""
-    ref = ref.detach().to("cpu", torch.float64)
-    base_err = _baseline_error(ref, baseline.detach().to("cpu", torch.float64))
+    ref = ref.detach().to(torch.float64)
+    base_err = _baseline_error(ref, baseline.detach().to(ref.device, torch.float64))
     floor = default_floor(ref) if floor is None else floor
     return factor * float(base_err.max()) + floor if base_err.numel() else floor
 
@@ -181,9 +181,9 @@ def compare(out, ref: torch.Tensor, baseline: torch.Tensor, *, name: str = "o", 
         return Report(False, f"{name}: expected a torch.Tensor, got {type(out).__name__}")
     if tuple(out.shape) != tuple(ref.shape):
         return Report(False, f"{name}: expected shape {tuple(ref.shape)}, got {tuple(out.shape)}")
-    got = out.detach().to("cpu", torch.float64)
-    ref = ref.detach().to("cpu", torch.float64)
-    base = baseline.detach().to("cpu", torch.float64)
+    ref = ref.detach().to(torch.float64)          # where the reference was computed: the GPU for real sizes
+    got = out.detach().to(ref.device, torch.float64)
+    base = baseline.detach().to(ref.device, torch.float64)
 
     n_nan = int(torch.isnan(got).sum())
     inf_ref = torch.isinf(ref)

@@ -64,6 +64,7 @@ def references(q, k, v, *, device=None, baseline=None, **opts):
     """
     if device is not None:
         q, k, v = (t.to(device) for t in (q, k, v))
+        opts = {key: val.to(device) if isinstance(val, torch.Tensor) else val for key, val in opts.items()}  # sinks
     baseline = tolerance.baseline_dtype(q.dtype) if baseline is None else baseline
     o_ref, lse_ref = reference.attention(q, k, v, **opts)
     o_pt, lse_pt = reference.attention(q, k, v, **opts, compute_dtype=baseline)

@@ -74,13 +74,15 @@ def _wrs_floor(x, w) -> float:
     return 4 * torch.finfo(torch.float32).eps * (1.0 + 2 * float(prefix.max()))
 
 
-def _wrs_close(ctx, x, w, *, label, block_n=None):
-    ref, base = _wrs_refs(x, w)
+def _wrs_close(ctx, x, w, *, label, block_n=None, device=None):
+    """Judge the learner's weighted_row_sum(x, w); ``device`` computes the references (the GPU for real sizes)."""
+    xs, ws = (x.to(device), w.to(device)) if device is not None else (x, w)
+    ref, base = _wrs_refs(xs, ws)
     kwargs = {} if block_n is None else {"block_n": block_n}
     out = ctx.learner.weighted_row_sum(x, w, **kwargs)
     name = f"weighted_row_sum, x {tuple(x.shape)} {label}"
     ctx.expect_dtype(out, torch.float32, name=f"{name} (the sum is returned in float32)")
-    ctx.close(out, ref, base, name=name, dims=("r",), floor=_wrs_floor(x, w),
+    ctx.close(out, ref, base, name=name, dims=("r",), floor=_wrs_floor(xs, ws),
               explain=lambda allowed: diagnose.row_sum(out, x, w, allowed=allowed, block=block_n))
     return out
 
@@ -160,13 +162,15 @@ def weighted_row_sum_large(ctx):
     """A real size: x (4096, 8192) in float32 and float16, the wrapper's own block sizes."""
     for dtype in (torch.float32, torch.float16):
         x, w = ctx.randn(4096, 8192, dtype=dtype), ctx.randn(8192, dtype=dtype)
-        _wrs_close(ctx, x, w, label=f"{dtype} (default blocks)")
+        _wrs_close(ctx, x, w, label=f"{dtype} (default blocks)", device=runtime.DEVICE)
 
 
 # -- softmax --------------------------------------------------------------------------------------
-def _softmax_close(ctx, x, *, label, block_n=None):
-    ref = reference.softmax(x)                                     # float64, the truth
-    base = reference.softmax(x, compute_dtype=x.dtype)             # plain PyTorch in x's dtype
+def _softmax_close(ctx, x, *, label, block_n=None, device=None):
+    """Judge the learner's softmax(x); ``device`` computes the references (the GPU for real sizes)."""
+    on = x.to(device) if device is not None else x
+    ref = reference.softmax(on)                                    # float64, the truth
+    base = reference.softmax(on, compute_dtype=x.dtype)            # plain PyTorch in x's dtype
     kwargs = {} if block_n is None else {"block_n": block_n}
     out = ctx.learner.softmax(x, **kwargs)
     name = f"softmax, x {tuple(x.shape)} {label}"
@@ -270,4 +274,4 @@ def softmax_large(ctx):
     for dtype in (torch.float32, torch.float16):
         x = ctx.randn(4096, 8192, dtype=dtype, scale=3.0)
         x[7] = float("-inf")
-        _softmax_close(ctx, x, label=f"{dtype} (default blocks)")
+        _softmax_close(ctx, x, label=f"{dtype} (default blocks)", device=runtime.DEVICE)

@@ -7,6 +7,8 @@ import torch
 from grader.check import check
 from grader.checks.attention import attend
 from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
+from kernels import runtime
+
 CAUSAL = dict(causal=True)
 
 
@@ -111,7 +113,7 @@ def gpu_causal_real_sizes(ctx):
                                 (1, 2, 2048, 1000, 64)):
             q = ctx.randn(b, h, nq, d, dtype=dtype)
             k, v = ctx.randn(b, h, nk, d, dtype=dtype), ctx.randn(b, h, nk, d, dtype=dtype)
-            attend(ctx, q, k, v, **CAUSAL)
+            attend(ctx, q, k, v, device=runtime.DEVICE, **CAUSAL)
 
 
 @check(points=1, gpu=True, hint="rows fully masked inside a tile: subtract the running max made safe, never "
@@ -121,7 +123,7 @@ def gpu_asymmetric_blocks_and_skipping(ctx):
     for nq, nk, bm, bn in ((1023, 1023, 128, 32), (1023, 1023, 32, 128), (1500, 700, 64, 128)):
         q = ctx.randn(1, 4, nq, 64, dtype=torch.bfloat16)
         k, v = ctx.randn(1, 4, nk, 64, dtype=torch.bfloat16), ctx.randn(1, 4, nk, 64, dtype=torch.bfloat16)
-        attend(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
+        attend(ctx, q, k, v, block_m=bm, block_n=bn, device=runtime.DEVICE, **CAUSAL)
         expect_visits_exact(ctx, q, k, v, block_m=bm, block_n=bn, **CAUSAL)
     tiles = needed_tiles(4096, 4096, 128, 64, causal=True)
     q, k, v = (ctx.randn(1, 1, 4096, 64, dtype=torch.float16) for _ in range(3))

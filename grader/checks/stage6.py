@@ -7,6 +7,7 @@ import torch
 from grader.check import check
 from grader.checks.attention import attend
 from grader.checks.masked_attention import expect_visits_exact
+from kernels import runtime
 
 GROUP_HINT = ("query head h reads K/V head h // (Hq // Hkv): heads 0..g-1 share K/V head 0, the next g "
               "share head 1 (not h % Hkv, which interleaves them)")
@@ -82,4 +83,4 @@ def gpu_gqa_real_sizes(ctx):
                                               (1, 16, 1, 2048, 2048, 128, True), (1, 8, 2, 1000, 2048, 64, True),
                                               (2, 8, 2, 2048, 1000, 128, True)):
             q, k, v = _heads(ctx, b, hq, hkv, nq, nk, d, dtype=dtype)
-            attend(ctx, q, k, v, causal=causal)
+            attend(ctx, q, k, v, causal=causal, device=runtime.DEVICE)

@@ -7,6 +7,7 @@ import torch
 from grader.check import check
 from grader.checks.attention import attend
 from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
+from kernels import runtime
 
 WINDOW_HINT = "row i sees key j iff i' - W < j <= i' with i' = i + (Nk - Nq): exactly W keys, its own included"
 
@@ -104,7 +105,7 @@ def gpu_window_real_sizes(ctx):
                                          (2, 8, 8, 1023, 1023, 64, 1000), (1, 8, 2, 2048, 2048, 128, 4096),
                                          (1, 8, 2, 1000, 2048, 128, 300), (1, 8, 2, 2048, 1000, 64, 300)):
             q, k, v = _qkv(ctx, b, hq, hkv, nq, nk, d, dtype=dtype)
-            attend(ctx, q, k, v, causal=True, window=w)
+            attend(ctx, q, k, v, causal=True, window=w, device=runtime.DEVICE)
 
 
 @check(points=1, gpu=True, hint="start the loop at the first key block inside the window, not at block 0")

@@ -7,6 +7,7 @@ import torch
 from grader.check import check
 from grader.checks.attention import attend
 from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
+from kernels import runtime
 
 TOKENS_HINT = ("keys j < sink_tokens stay visible whatever the window (but never past the row's diagonal): "
                "visit their blocks as a range of their own, masked, that stops where the window's range starts")
@@ -137,7 +138,7 @@ def gpu_sinks_real_sizes(ctx):
             q, k, v = _qkv(ctx, b, hq, hkv, nq, nk, d, dtype=dtype)
             if opts.get("sinks"):
                 opts = dict(opts, sinks=_sinks(ctx, hq))
-            attend(ctx, q, k, v, **opts)
+            attend(ctx, q, k, v, device=runtime.DEVICE, **opts)
 
 
 @check(points=1, gpu=True, hint=TOKENS_HINT)

@@ -34,13 +34,14 @@ def _inputs(ctx, b, hq, hkv, nq, nk, d, *, dtype=DTYPE):
 
 
 def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="attention", harness="gradients",
-                 **opts):
+                 device=None, **opts):
     """Run the learner's backward and judge every gradient (and o, when it ran the forward too).
 
     ``tiled=(block_m, block_n)`` calls part 1's ``tiled_attention_backward`` on the float64
     reference's o and lse (rounded to the inputs' dtype and float32); otherwise ``attend``
     (``attention``, ``tiled_attention`` or ``attention_op``) runs forward and backward, through the
-    helper ``harness`` (grader/harness.py: ``gradients``, or ``compiled_gradients``).
+    helper ``harness`` (grader/harness.py: ``gradients``, or ``compiled_gradients``).  The references
+    are computed on ``device`` (the GPU for real sizes), else on the inputs' own.
     Returns ``(o or None, dq, dk, dv, dsinks)``.
     """
     if tiled is not None:
@@ -52,8 +53,10 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
         got = (None, *grads)
     else:
         got = getattr(ctx.learner, attend)(q, k, v, do, sinks=sinks, _harness=harness, **opts)
-    ref = reference.attention_grads(q, k, v, do, sinks=sinks, **opts)
-    base = reference.attention_grads(q, k, v, do, sinks=sinks, compute_dtype=tolerance.baseline_dtype(q.dtype),
+    on = [None if t is None else t.to(device) for t in (q, k, v, do, sinks)] if device is not None else None
+    rq, rk, rv, rdo, rsinks = on or (q, k, v, do, sinks)
+    ref = reference.attention_grads(rq, rk, rv, rdo, sinks=rsinks, **opts)
+    base = reference.attention_grads(rq, rk, rv, rdo, sinks=rsinks, compute_dtype=tolerance.baseline_dtype(q.dtype),
                                      **opts)
     o, dq, dk, dv, dsinks = got
     if o is not None:
@@ -61,7 +64,7 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
     block_m = tiled[0] if tiled is not None else DQ_BLOCK
     for name, x, dtype in (("dq", dq, q.dtype), ("dk", dk, k.dtype), ("dv", dv, v.dtype)):
         ctx.expect_dtype(x, dtype, name=f"{name} {label}")
-    floors, factor = reference.gradient_floors(q, k, v, do, ref, sinks=sinks, **opts), tolerance.GRADIENT_FACTOR
+    floors, factor = reference.gradient_floors(rq, rk, rv, rdo, ref, sinks=rsinks, **opts), tolerance.GRADIENT_FACTOR
     if sinks is None:
         ctx.expect(dsinks is None, f"dsinks {label}: without learned sinks there is no sink gradient; "
                                    f"expected None, got {type(dsinks).__name__}")
@@ -347,7 +350,8 @@ def gpu_half_gradients(ctx):
     for dtype, d, nq, nk, opts, learned in cases:
         q, k, v, do = _inputs(ctx, 2, 8, 2, nq, nk, d, dtype=dtype)
         sinks = ctx.randn(8) if learned else None
-        _grads_close(ctx, q, k, v, do, sinks=sinks, label=f"({dtype}, D={d}, Nq={nq}, Nk={nk}, {opts})", **opts)
+        _grads_close(ctx, q, k, v, do, sinks=sinks, label=f"({dtype}, D={d}, Nq={nq}, Nk={nk}, {opts})",
+                     device=runtime.DEVICE, **opts)
 
 
 @check(points=1, gpu=True, timeout=300.0,
