@@ -18,6 +18,7 @@ them is one line, "k hidden checks: x/y points", with neither names nor messages
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -271,6 +272,50 @@ def default_jobs() -> int:
     return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
+#: How long each check took when this machine last graded the learner's own files (or the reference):
+#: the next grading starts the longest first, so that no long check starts last on its own worker.
+DURATIONS = loader.ROOT / ".grader-cache" / "durations.json"
+
+
+def _durations_key(stage: Stage) -> str:
+    return f"{'gpu' if runtime.ON_GPU else 'cpu'}/{stage.name}"
+
+
+def _longest_first(stage: Stage, checks) -> list[int]:
+    """The order to start ``checks`` in: by the seconds each took last time, longest first; checks with
+    no time yet (a first grading, a new check) keep their places ahead of the rest."""
+    try:
+        last = json.loads(DURATIONS.read_text()).get(_durations_key(stage), {})
+    except (OSError, ValueError, AttributeError):
+        last = {}
+    if not isinstance(last, dict):
+        last = {}
+
+    def seconds(i):
+        t = last.get(checks[i].name)
+        return float("inf") if not isinstance(t, (int, float)) else float(t)
+    return sorted(range(len(checks)), key=lambda i: -seconds(i))     # stable: ties keep the checks' order
+
+
+def _remember_durations(stage: Stage, results, spent: dict[int, float]) -> None:
+    """Keep each check's own seconds (``spent``, by index: without starting its worker, which
+    whichever check comes first pays) for the next grading's order."""
+    times = {r.name: round(spent[i], 2) for i, r in enumerate(results) if r.status != "not run" and i in spent}
+    try:
+        DURATIONS.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            record = json.loads(DURATIONS.read_text())
+        except (OSError, ValueError):
+            record = {}
+        record = record if isinstance(record, dict) else {}
+        record[_durations_key(stage)] = times
+        tmp = DURATIONS.with_name(f".durations.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        os.replace(tmp, DURATIONS)
+    except OSError:
+        pass                          # a read-only checkout: the next grading keeps the checks' order
+
+
 def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None = None,
                 on_result=None, limits: Limits | None = None, jobs: int | None = None) -> StageResult:
     """Grade ``stage`` from ``source`` ('stages', 'solutions' or a folder), within ``limits``.
@@ -324,11 +369,14 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
         return Runner(stage.module, str(snapshot), limits=limits, private=private, mechanism=mechanism, cache=cache)
 
     result.workers = max(1, min(jobs, len(checks)))
+    order, spent = (_longest_first(stage, checks) if own else None), {}
     try:
         results, failed_import = _run_checks(checks, runner, seed, deadline, limits, result.workers, on_result,
-                                             stage.module)
+                                             stage.module, order=order, spent=spent)
         if failed_import is None:
             result.results = results
+            if own and only is None:
+                _remember_durations(stage, results, spent)
         else:
             exc, tail = failed_import
             result.status = "import error"
@@ -346,8 +394,11 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
     return result
 
 
-def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits, jobs: int, on_result, module: str):
-    """Run ``checks`` on ``jobs`` workers, each taking the next check not yet taken.
+def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits, jobs: int, on_result, module: str,
+                *, order: list[int] | None = None, spent: dict[int, float] | None = None):
+    """Run ``checks`` on ``jobs`` workers, each taking the next check not yet taken (in ``order``, a
+    permutation of their indices, when given).  ``spent``, when given, receives each check's seconds
+    less any spent starting its worker.
 
     Returns ``(results in the checks' order, None)``, or ``(None, (ImportFailed, the worker's last
     output))`` as soon as a worker finds that the stage file cannot be imported: then no other
@@ -364,7 +415,7 @@ def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits,
             if state["import"] is not None or state["error"] is not None or state["next"] >= len(checks):
                 return None
             state["next"] += 1
-            return state["next"] - 1
+            return state["next"] - 1 if order is None else order[state["next"] - 1]
 
     def done(i: int, r: CheckResult) -> None:
         with lock:
@@ -385,7 +436,11 @@ def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits,
                                             hidden=check.hidden))
                         continue
                     try:
-                        done(i, run_check(check, runner, seed, deadline=deadline, limits=limits))
+                        booted = getattr(runner, "start_seconds", 0.0)
+                        r = run_check(check, runner, seed, deadline=deadline, limits=limits)
+                        if spent is not None:
+                            spent[i] = max(0.0, r.seconds - (getattr(runner, "start_seconds", 0.0) - booted))
+                        done(i, r)
                     except ImportFailed as exc:
                         tail = _crash_context(runner.output_tail(4000), module) if exc.type_name == "crash" else ""
                         with lock:

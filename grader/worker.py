@@ -260,6 +260,7 @@ class Runner:
         self.log_path = str(log_dir / f"{os.getpid()}-log-{stage}-{id(self)}.txt")
         self.description = ""
         self.last_call: tuple[str, str] | None = None   # (function, what it returned), for messages
+        self.start_seconds = 0.0       # spent starting workers (Python, torch, the stage file), in all
 
     # -- process management -------------------------------------------------------------
     def _start(self, timeout: float) -> None:
@@ -436,7 +437,11 @@ class Runner:
     def call(self, fn_name: str, *args, timeout: float = 120.0, **kwargs):
         """Call ``fn_name(*args, **kwargs)`` in the worker; return its result on the CPU."""
         if self._proc is None:
-            self._start(timeout)
+            began = time.monotonic()
+            try:
+                self._start(timeout)
+            finally:
+                self.start_seconds += time.monotonic() - began
         try:
             self._conn.send_bytes(pickle.dumps(("call", fn_name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, OSError):

@@ -128,3 +128,44 @@ def test_workbook_jobs_must_be_a_positive_whole_number(monkeypatch):
     monkeypatch.setenv("WORKBOOK_JOBS", "0")
     with pytest.raises(ValueError, match="WORKBOOK_JOBS"):
         default_jobs()
+
+
+def test_a_grading_starts_the_checks_that_took_longest_last_time_first(tmp_path, monkeypatch):
+    from grader import grade
+    from grader.check import Check
+    monkeypatch.setattr(grade, "DURATIONS", tmp_path / "durations.json")
+    checks = STAGE1.checks()
+    names = [c.name for c in checks]
+    assert grade._longest_first(STAGE1, checks) == list(range(len(checks)))   # nothing recorded: as listed
+    # The second-to-last check took longest and the first none at all; unrecorded checks come first.
+    grade._remember_durations(STAGE1, [grade.CheckResult(n, 1, 1, "pass", "") for n in names[:-1]],
+                              {i: 0.1 * i if i != len(names) - 2 else 50.0 for i in range(len(names) - 1)})
+    order = grade._longest_first(STAGE1, checks)
+    assert order[:2] == [len(names) - 1, len(names) - 2] and order[-1] == 0
+    assert sorted(order) == list(range(len(checks)))
+
+    # _run_checks takes them in that order and still reports them in the checks' own order.
+    started, shown = [], []
+
+    class Runner:
+        start_seconds = 0.0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def run_check(check, runner, seed, **kwargs):
+        started.append(check.name)
+        runner.start_seconds += 2.0 if len(started) == 1 else 0.0        # the first check starts the worker
+        return grade.CheckResult(check.name, check.points, check.points, "pass", "", seconds=3.0)
+
+    monkeypatch.setattr(grade, "run_check", run_check)
+    few = [Check(name=f"c{i}", fn=None) for i in range(4)]
+    spent = {}
+    results, failed = grade._run_checks(few, Runner, 0, float("inf"), grade.Limits.from_env(), 1,
+                                        lambda r: shown.append(r.name), "m", order=[2, 0, 3, 1], spent=spent)
+    assert failed is None and started == [few[i].name for i in (2, 0, 3, 1)]
+    assert shown == [r.name for r in results] == [c.name for c in few]
+    assert spent == {2: 1.0, 0: 3.0, 3: 3.0, 1: 3.0}       # the worker's start is not the check's own time
