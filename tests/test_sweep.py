@@ -122,3 +122,37 @@ def test_a_time_limit_stops_starting_seeds_and_the_json_says_which_ran(tmp_path,
     table = capsys.readouterr().out
     assert "on 2 seed(s)" in table and "first s  then s" in table
     assert os.environ[tuning.AUTOTUNE_ENV] == "0", "the sweep must take the tiles a grading's workers take"
+
+
+def test_sweeps_merge_into_one_record_and_one_table(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from grader.testing import sweep as sweeping
+    only = ["softmax_float16", "attention_bad_input"]
+    for first in (0, 2):
+        assert sweeping.main("stage1", seeds=2, first_seed=first, only=only, json_path=str(tmp_path / f"{first}.json")) == 0
+    parts = [json.loads((tmp_path / f"{first}.json").read_text()) for first in (0, 2)]
+    merged = sweeping.merge(parts)
+    assert merged["seeds_done"] == {"stage1": [0, 1, 2, 3]}
+    m = merged["stages"]["stage1"]["softmax_float16"]
+    assert m["runs"] == 4 and m["worst"] == max(p["stages"]["stage1"]["softmax_float16"]["worst"] for p in parts)
+    with pytest.raises(ValueError, match="two records"):
+        sweeping.merge([parts[0], parts[0]])
+    with pytest.raises(ValueError, match="one device"):
+        sweeping.merge([parts[0], dict(parts[1], device="GPU: another")])
+    out = subprocess.run([sys.executable, "-m", "grader.testing.sweep", "--merge", str(tmp_path / "m.json"),
+                          str(tmp_path / "0.json"), str(tmp_path / "2.json")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert f"| 1 | 4 (0-3) | {m['worst']:.2f} (softmax_float16, {m['worst_seed']}) | 0 |" in out.stdout
+    assert json.loads((tmp_path / "m.json").read_text()) == json.loads(json.dumps(merged))
+
+
+def test_the_committed_gpu_sweep_has_hundreds_of_seeds_per_stage_and_no_failure():
+    import json
+    record = json.loads((ROOT / "docs" / "sweep-gpu-h100.json").read_text())
+    assert "H100" in record["device"]
+    assert set(record["seeds_done"]) == {f"stage{n}" for n in range(1, 10)}
+    for stage, seeds in record["seeds_done"].items():
+        assert len(seeds) >= 400, stage
+        assert not any(m["failures"] for m in record["stages"][stage].values()), stage

@@ -276,3 +276,81 @@ def main(stage_names: str, *, seeds: int = 20, first_seed: int = 0, exact_seeds:
                        "seeds_done": done, "stages": record},
                       f, indent=1)
     return 0 if ok else 1
+
+
+# -- several sweeps' JSON as one record, and the table docs/verdicts.md shows --------------------
+def merge(records: list[dict]) -> dict:
+    """One record from the JSON of several sweeps (``--json``) on the same device: per stage, the seeds
+    every sweep did and per check its runs, failures and worst margin over all of them."""
+    devices = {r["device"] for r in records}
+    if len(devices) != 1:
+        raise ValueError(f"records must come from one device; got {sorted(devices)}")
+    done: dict[str, set[int]] = {}
+    stages_: dict[str, dict[str, dict]] = {}
+    for record in records:
+        for stage, seeds in record["seeds_done"].items():
+            overlap = done.setdefault(stage, set()) & set(seeds)
+            if overlap:
+                raise ValueError(f"{stage}: seeds {sorted(overlap)[:5]} are in two records; merge each seed once")
+            done[stage] |= set(seeds)
+        for stage, checks in record["stages"].items():
+            into = stages_.setdefault(stage, {})
+            for name, m in checks.items():
+                total = into.setdefault(name, {"check": name, "runs": 0, "failures": [], "first_failure": "",
+                                               "worst": 0.0, "worst_seed": None, "worst_what": "",
+                                               "draws_inputs": True})
+                total["runs"] += m["runs"]
+                total["failures"] += m["failures"]
+                total["first_failure"] = total["first_failure"] or m["first_failure"]
+                total["draws_inputs"] = total["draws_inputs"] and m["draws_inputs"]
+                if m["worst_seed"] is not None and (total["worst_seed"] is None or m["worst"] > total["worst"]):
+                    total.update(worst=m["worst"], worst_seed=m["worst_seed"], worst_what=m["worst_what"])
+    return {"device": devices.pop(), "seeds_done": {s: sorted(v) for s, v in done.items()}, "stages": stages_}
+
+
+def _ranges(seeds: list[int]) -> str:
+    parts, start = [], None
+    for i, s in enumerate(seeds):
+        start = s if start is None else start
+        if i + 1 == len(seeds) or seeds[i + 1] != s + 1:
+            parts.append(f"{start}-{s}" if s != start else f"{s}")
+            start = None
+    return ", ".join(parts)
+
+
+def markdown(record: dict) -> str:
+    """A stage-per-row table of a (merged) record: seeds, the worst margin with its check and seed (of
+    all checks, and of the GPU-only ones where they ran), failures."""
+    gpu = record["device"].startswith("GPU")
+    lines = [f"Device: {record['device']}", "",
+             "| stage | seeds | worst margin (check, seed) | worst of the GPU-only checks | failures |"
+             if gpu else "| stage | seeds | worst margin (check, seed) | failures |",
+             "| --- | --- | --- | --- | --- |" if gpu else "| --- | --- | --- | --- |"]
+
+    def worst(ms):
+        judged = [m for m in ms if m["worst_seed"] is not None]
+        if not judged:
+            return "-"
+        m = max(judged, key=lambda m: m["worst"])
+        return f"{m['worst']:.2f} ({m['check']}, {m['worst_seed']})"
+
+    for stage in sorted(record["stages"], key=lambda s: int(s.removeprefix("stage"))):
+        checks = record["stages"][stage]
+        seeds = record["seeds_done"].get(stage, [])
+        failures = sum(len(m["failures"]) for m in checks.values())
+        row = [stage.removeprefix("stage"), f"{len(seeds)} ({_ranges(seeds)})", worst(checks.values())]
+        if gpu:
+            only_gpu = {c.name for c in stages.find(stage).checks() if c.gpu}
+            row.append(worst([m for name, m in checks.items() if name in only_gpu]))
+        lines.append("| " + " | ".join(row + [str(failures)]) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    # python -m grader.testing.sweep --merge OUT.json IN.json ...: merge sweeps' JSON, print the table
+    if len(sys.argv) < 4 or sys.argv[1] != "--merge":
+        sys.exit("usage: python -m grader.testing.sweep --merge OUT.json IN.json [IN.json ...]")
+    merged = merge([json.loads(open(p).read()) for p in sys.argv[3:]])
+    with open(sys.argv[2], "w") as f:
+        json.dump(merged, f, indent=1)
+    print(markdown(merged))
