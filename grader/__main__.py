@@ -172,8 +172,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, action="append", dest="exact_seeds", help="exactly these seeds (repeatable)")
     p.add_argument("--only", action="append", metavar="CHECK", help="only this check (repeatable)")
     p.add_argument("--json", metavar="FILE", help="also write every check's margins there")
-    p.add_argument("--jobs", type=int, default=1, help="processes to deal the seeds out to (CPU: one per core; a "
-                                                       "GPU is best left to one)")
+    p.add_argument("--jobs", type=int, default=1, help="processes to deal the seeds out to, each with its share of "
+                                                       "the cores (default 1; on a GPU too, they share it)")
     p.add_argument("--time-limit", type=_positive_int, metavar="SECONDS",
                    help="start no seed after this long (per stage); the margins are those of the seeds done")
     p.set_defaults(command="sweep")
