@@ -59,6 +59,28 @@ def test_decoder_trains_on_cpu_with_sdpa():
     assert [b.attn.window for b in model.blocks] == [8, None]               # alternating, as gpt-oss
 
 
+def test_flex_provider_is_the_reference_attention_with_window_and_sinks():
+    """The FlexAttention provider's layer (block masks, learned sinks through its lse) on the CPU."""
+    import warnings
+    from kernels import reference
+    size = bench_train.Size("t", 1, 256, 32, 2, 4, 2, head_dim=16, vocab=40, window=128)
+    attend = bench_train._flex_attend(size, "cpu")
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 256, 4, 16), torch.randn(1, 256, 2, 16), torch.randn(1, 256, 2, 16)
+
+    class Layer:
+        sinks = torch.randn(4)
+
+    for window in (128, None):
+        Layer.window = window
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # flex without torch.compile: unfused, fine at this size
+            o = attend(q, k, v, Layer)
+        ref, _ = reference.attention(*(t.transpose(1, 2).double() for t in (q, k, v)), causal=True, window=window,
+                                     sinks=Layer.sinks)
+        assert (o.transpose(1, 2).double() - ref).abs().max() < 1e-4, window
+
+
 def _row(size, provider, losses):
     return dict(size=size, provider=provider, step_ms=1.0, tokens_per_s=1, peak_mib=1, losses=losses)
 

@@ -157,7 +157,7 @@ def _workbook_attend():
 
 def _flex_attend(size: Size, device):
     from torch.nn.attention.flex_attention import create_block_mask
-    from grader.bench.measure import _flex_with_sinks
+    from grader.bench.providers import _flex_with_sinks
 
     def causal(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx
