@@ -319,23 +319,32 @@ attention_forward.register_autograd(_op_backward, setup_context=_setup_context)
 class _EagerAttention(torch.autograd.Function):
     """The same forward and backward for plain eager tensors, without the dispatcher: the
     Python that torch.library wraps around an op's autograd doubled the forward's host time
-    (see the module's docstring).  Only :func:`attention` uses it, for calls no tracer sees."""
+    (see the module's docstring).  Only :func:`attention` uses it, for calls no tracer sees.
+    With ``bnhd`` the tensors come and go in (B, N, H, D) and are viewed as (B, H, N, D) here,
+    out of autograd's sight: four transposes recorded around the call would each add a node to
+    the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, causal, window, sink_tokens, scale):
+    def forward(ctx, q, k, v, sinks, causal, window, sink_tokens, scale, bnhd):
+        if bnhd:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         options = (causal, window, sink_tokens, scale)
         key = (_call_key(q, k, v, sinks), options)
         o, lse = _forward(q, k, v, sinks, *options, launch=_launcher(key))
         ctx.save_for_backward(q, k, v, o, lse, sinks)
-        ctx.options, ctx.key = options, key
-        return o
+        ctx.options, ctx.key, ctx.bnhd = options, key, bnhd
+        return o.transpose(1, 2) if bnhd else o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, sinks = ctx.saved_tensors
+        if ctx.bnhd:
+            do = do.transpose(1, 2)
         key = (ctx.key, _call_key(do))
         dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, *ctx.options, launch=_launcher(key))
-        return dq, dk, dv, dsinks, None, None, None, None
+        if ctx.bnhd:
+            dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        return dq, dk, dv, dsinks, None, None, None, None, None
 
 
 # =============================================================================================
@@ -442,13 +451,13 @@ def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, e
             if key is not None:
                 _checked[key] = checked
         window_arg, scale_arg = checked
-    if layout == "bnhd":
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, H, N, D) views
+    bnhd = layout == "bnhd"
     if not torch.compiler.is_compiling() and type(q) is torch.Tensor and _current_mode() is None:
-        o = _EagerAttention.apply(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg)
-    else:                                               # compiling, fake tensors, a dispatch mode: the op
-        o, _ = attention_forward(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg)
-    return o.transpose(1, 2) if layout == "bnhd" else o
+        return _EagerAttention.apply(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg, bnhd)
+    if bnhd:                                            # compiling, fake tensors, a dispatch mode: the op
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, H, N, D) views
+    o, _ = attention_forward(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg)
+    return o.transpose(1, 2) if bnhd else o
 
 
 def host_overhead(*, calls: int = 2000, batch=1, heads=8, kv_heads=2, n=128, head_dim=64) -> dict:
