@@ -106,7 +106,7 @@ def backward_floors(p, q, k, v, o, do, lse, *, scale: float, group: int,
     * ``delta`` reads the output as the forward stored it, in the inputs' dtype ``stored``: each
       ``O`` is off by its unit roundoff (``stored_rounding``), so delta by that x rowsum|dO O|.
     """
-    finite = lse.detach()[torch.isfinite(lse)]
+    finite = lse[torch.isfinite(lse)]
     exponent = EPS32 * (4.0 + LOG2E * (float(finite.abs().max()) if finite.numel() else 0.0))
     dp = do @ v.transpose(-1, -2)                                         # (B, Hq, Nq, Nk)
     delta = (do * o).sum(dim=-1, keepdim=True)
