@@ -93,11 +93,83 @@ def probe(name: str) -> str | None:
     return _probe(name)[0]
 
 
+def _probe_key(name: str) -> str:
+    """What a probe's success depends on, as one string: the mechanism, who asks, this boot, the
+    Python that would run the worker, and this module's code (which builds the worker's command)."""
+    import hashlib
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    exe = os.path.realpath(sys.executable)
+    try:
+        exe_time = os.stat(exe).st_mtime_ns
+    except OSError:
+        exe_time = 0
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    return "|".join(map(str, (name, os.geteuid(), boot, exe, exe_time, sys.prefix, sys.version, code)))
+
+
+def _probes_file() -> Path:
+    return private_dir() / "probes.json"
+
+
+def _own_record(path: Path) -> dict:
+    """The probes file's entries, if it is a regular file of ours that nobody else could have written."""
+    import json
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return {}
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _remembered(name: str) -> tuple[None, bool] | None:
+    """A probe of ``name`` that succeeded in this boot with this Python and this code: (None, seccomp)."""
+    try:
+        seccomp = _own_record(_probes_file()).get(_probe_key(name))
+    except OSError:
+        return None
+    return (None, seccomp) if isinstance(seccomp, bool) else None
+
+
+def _remember(name: str, seccomp: bool) -> None:
+    import json
+    try:
+        path = _probes_file()
+        key = _probe_key(name)
+        boot = key.split("|")[2]
+        known = {k: v for k, v in _own_record(path).items() if k.split("|")[2:3] == [boot]}   # this boot's only
+        known[key] = seccomp
+        tmp = path.with_name(f".probes.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with open(fd, "w") as f:
+            f.write(json.dumps(known))
+        os.replace(tmp, path)
+    except OSError:
+        pass                                    # no record: the next grading probes again
+
+
 @lru_cache(maxsize=None)
 def _probe(name: str) -> tuple[str | None, bool]:
-    """(why ``name`` does not work here, or None; whether its worker's seccomp filter cuts the network)."""
+    """(why ``name`` does not work here, or None; whether its worker's seccomp filter cuts the network).
+
+    A probe starts a sandboxed Python that imports torch: seconds, before every grading.  A success
+    is remembered (in the grader's private folder) until the machine reboots or the Python or this
+    module changes; a failure is probed again every time, so a fix is seen at once."""
     if name == "none":
         return None, False
+    found = _checked_probe(name)
+    if found[0] is None:
+        _remember(name, found[1])
+    return found
+
+
+def _checked_probe(name: str) -> tuple[str | None, bool]:
+    """The quick checks, then the remembered success, then the probe itself."""
     if sys.platform != "linux":
         return f"needs Linux (this is {sys.platform})", False
     if name == "user" and os.geteuid() != 0:
@@ -106,6 +178,8 @@ def _probe(name: str) -> tuple[str | None, bool]:
         return "setpriv (util-linux) is not installed", False
     if name == "bubblewrap" and shutil.which("bwrap") is None:
         return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)", False
+    if (remembered := _remembered(name)) is not None:
+        return remembered
     uid = UID_BASE + UID_SLOTS  # a probe uid outside the slots workers use
     import os as stdlib_os  # the probe's Python must find the same standard library as the grader's
     script = ("import os, torch, kernels.runtime\nfrom grader.sandbox import forbid_network\n"

@@ -166,3 +166,43 @@ def test_only_your_own_files_get_a_compile_cache(monkeypatch, tmp_path):
     assert seen == [sandbox.compile_cache("solutions"), None, None]
     with pytest.raises(ValueError, match="name must be"):
         sandbox.compile_cache(str(folder))
+
+
+def test_a_probe_is_remembered_only_when_it_succeeded_and_only_from_a_file_of_our_own(monkeypatch, tmp_path):
+    """A success skips the next grading's probe (seconds: it starts Python and torch); nothing else
+    does: not a failure, not another boot's or Python's record, not a file others could write."""
+    import json
+    path = tmp_path / "probes.json"
+    monkeypatch.setattr(sandbox, "_probes_file", lambda: path)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda _: "/usr/bin/x")
+    calls, works = [], {"now": True}
+
+    def fake_run(cmd, **kwargs):                # the probe's own sandboxed Python, as a working one answers
+        calls.append(cmd)
+        if not works["now"]:
+            return subprocess.CompletedProcess(cmd, 1, b"", b"bwrap: no permission")
+        return subprocess.CompletedProcess(cmd, 0, f"{os.__file__}\nTrue\n".encode(), b"")
+    monkeypatch.setattr(sandbox.subprocess, "run", fake_run)
+
+    def probe():
+        sandbox._probe.cache_clear()
+        return sandbox._probe("bubblewrap")
+
+    try:
+        assert probe() == probe() == (None, True) and len(calls) == 1     # the second grading asked no one
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        path.unlink()
+        works["now"] = False
+        assert probe()[0] == probe()[0] == "a probe failed: bwrap: no permission"
+        assert len(calls) == 3 and not path.exists()                     # a failure is probed every time
+        works["now"] = True
+        for spoil in ("mode", "key"):
+            key = sandbox._probe_key("bubblewrap")
+            if spoil == "key":                                            # another boot, Python or grader code
+                key = key.replace(key.split("|")[2], "another-boot")
+            path.write_text(json.dumps({key: True}))
+            path.chmod(0o644 if spoil == "mode" else 0o600)               # a file others could have written
+            calls.clear()
+            assert probe() == (None, True) and len(calls) == 1, spoil
+    finally:
+        sandbox._probe.cache_clear()
