@@ -204,5 +204,11 @@ def test_a_probe_is_remembered_only_when_it_succeeded_and_only_from_a_file_of_ou
             path.chmod(0o644 if spoil == "mode" else 0o600)               # a file others could have written
             calls.clear()
             assert probe() == (None, True) and len(calls) == 1, spoil
+        if os.geteuid() == 0:                                             # a file another user owns
+            path.write_text(json.dumps({sandbox._probe_key("bubblewrap"): True}))
+            path.chmod(0o600)
+            os.chown(path, 65534, 65534)
+            calls.clear()
+            assert probe() == (None, True) and len(calls) == 1, "owner"
     finally:
         sandbox._probe.cache_clear()
