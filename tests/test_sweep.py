@@ -3,6 +3,8 @@
 ``python -m grader sweep`` runs the long version (hundreds of seeds); docs/verdicts.md has its margins.
 """
 
+import os
+
 import pytest
 
 from grader import stages
@@ -11,6 +13,15 @@ from kernels.loader import ROOT
 
 # The sweep grades the instructors' reference, so a learner's bundle (no solutions/) leaves this file out.
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(), reason="no solutions/ here: nothing to sweep")
+
+
+@pytest.fixture(autouse=True)
+def _autotuning_put_back(monkeypatch):
+    """A sweep turns autotuning off in its process (as a grading's workers have it); after each
+    test the setting is what it was, for the tests that run next in this process."""
+    from kernels import tuning
+    monkeypatch.setenv(tuning.AUTOTUNE_ENV, os.environ.get(tuning.AUTOTUNE_ENV, "1"))
+
 
 MARGIN = 0.8     # the reference's error stays below 80 % of what a check allows
 
