@@ -11,6 +11,7 @@ tolerances are exactly the grader's.
     python -m grader sweep stage1,stage2 --seeds 1000 --first-seed 5000
     python -m grader sweep stage3 --seed 1835936174 --only head_dims_padded
     python -m grader sweep stage5 --seeds 1000 --jobs 16    seeds dealt out to 16 processes
+    python -m grader.testing.sweep --merge all.json a.json b.json    several sweeps' JSON as one, and its table
 """
 
 from __future__ import annotations
