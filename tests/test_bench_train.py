@@ -100,3 +100,19 @@ def test_json_merges_other_sizes(tmp_path):
     bench_train.write_json([_row("b", "workbook", [1.0])], {"b": 0.0}, str(path))
     doc = json.loads(path.read_text())
     assert [r["size"] for r in doc["rows"]] == ["a", "b"] and set(doc["loss_gap"]) == {"a", "b"}
+
+
+def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
+    """docs/training.md is generated from docs/bench-train-h100.json, never typed: it cannot drift; and
+    the page says which sizes' loss curves disagree."""
+    from grader.bench import report
+    from kernels.loader import ROOT
+    assert (ROOT / "docs" / "training.md").read_text() == report.render(ROOT / "docs" / "bench-train-h100.json")
+    rows = [_row("s", p, [2.0, 1.0 + (0.5 if p == "workbook" else 0)]) for p in bench_train.SAME_MODEL]
+    doc = dict(gpu="GPU X", torch="t", loss_rtol=0.02, loss_gap=bench_train.agreement(rows), rows=rows)
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(doc))
+    assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
+    page = (tmp_path / "t.md").read_text()
+    assert "- machine: GPU X" in page and "| s | workbook | 1.00 | 1 | 1 | 1.00x | 2.000 | 1.500 |" in page
+    assert "- s: DISAGREE (largest relative gap 33.33%)" in page

@@ -44,16 +44,25 @@ def _fmt(x) -> str:
     return f"{x:.0f}" if isinstance(x, (int, float)) else "-"
 
 
+def _is_training(meta: dict) -> bool:
+    """Whether a file is ``bench train``'s (its rows are training steps, not kernel timings)."""
+    return "loss_gap" in meta
+
+
 def render(path: str | Path, *, device: str | None = None, software: str | None = None,
            chart: str | None = None) -> str:
-    """The page; ``chart`` is the file name of the rows' bar chart, shown under the preamble."""
+    """The page; ``chart`` is the file name of the rows' bar chart, shown under the preamble.  A file
+    ``bench train`` wrote gives its own page (grader.bench.train.markdown)."""
     meta, rows = load(path)
-    device = meta.get("device") or device or "not recorded"
-    software = (", ".join(f"{k} {meta[k]}" for k in ("python", "torch", "triton") if meta.get(k))
-                or software or "not recorded")
     from kernels.loader import ROOT
     shown = Path(path).resolve()
     shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
+    if _is_training(meta):
+        from grader.bench import train
+        return train.markdown(dict(meta, rows=rows), shown.as_posix())
+    device = meta.get("device") or device or "not recorded"
+    software = (", ".join(f"{k} {meta[k]}" for k in ("python", "torch", "triton") if meta.get(k))
+                or software or "not recorded")
     out = [PREAMBLE.format(source=shown.as_posix(), device=device, software=software)]
     if chart:
         out += [f"![TFLOP/s of every case and provider, one panel per stage]({chart})", ""]
@@ -90,9 +99,12 @@ def main(json_path: str, *, out: str | None = None, device: str | None = None, s
     """``python -m grader bench report BENCH.json``: the page, printed or written to ``out`` (with its
     chart beside it, ``out`` with the suffix .png); ``device`` and ``software`` name the machine and
     versions of a JSON file that does not record them."""
-    if out:
+    meta, rows = load(json_path)
+    if out and _is_training(meta):
+        Path(out).write_text(render(json_path))
+        print(f"wrote {out}")
+    elif out:
         from grader.bench import chart
-        meta, rows = load(json_path)
         png = Path(out).with_suffix(".png")
         chart.plot(rows, png, title=f"{meta.get('device') or device or 'machine not recorded'}, bfloat16")
         Path(out).write_text(render(json_path, device=device, software=software, chart=png.name))
