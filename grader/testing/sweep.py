@@ -22,7 +22,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -112,6 +112,18 @@ class Margin:
         if value > self.worst or self.worst_seed is None:
             self.worst, self.worst_seed, self.worst_what = value, seed, what
 
+    def absorb(self, m: "Margin") -> None:
+        """Add another sweep's runs of the same check (other seeds) to this one."""
+        self.runs += m.runs
+        self.failures += m.failures
+        self.first_failure = self.first_failure or m.first_failure
+        self.draws_inputs = self.draws_inputs and m.draws_inputs
+        self.margins += m.margins
+        self.seeds += m.seeds
+        self.seconds += m.seconds
+        if m.worst_seed is not None and (self.worst_seed is None or m.worst > self.worst):
+            self.worst, self.worst_seed, self.worst_what = m.worst, m.worst_seed, m.worst_what
+
     @property
     def median(self) -> float:
         return _median(self.margins)
@@ -181,21 +193,13 @@ def sweep_parallel(stage, seeds, *, jobs: int, only=None, progress=None, deadlin
     parts = [seeds[i::jobs] for i in range(jobs) if seeds[i::jobs]]
     found: dict[str, Margin] = {}
     with ProcessPoolExecutor(len(parts), mp_context=mp.get_context("spawn")) as pool:
-        threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or max(1, (os.cpu_count() or 1) // len(parts))
+        asked = os.environ.get("OMP_NUM_THREADS", "").strip()       # the caller's choice, when it made one
+        threads = int(asked) if asked.isdigit() and int(asked) > 0 else max(1, (os.cpu_count() or 1) // len(parts))
         futures = [pool.submit(_sweep_part, stage.name, part, only, deadline, threads) for part in parts]
         done = 0
         for future in as_completed(futures):
             for name, m in future.result().items():
-                total = found.setdefault(name, Margin(name))
-                total.runs += m.runs
-                total.failures += m.failures
-                total.first_failure = total.first_failure or m.first_failure
-                total.draws_inputs = total.draws_inputs and m.draws_inputs
-                total.margins += m.margins
-                total.seeds += m.seeds
-                total.seconds += m.seconds
-                if m.worst_seed is not None and (total.worst_seed is None or m.worst > total.worst):
-                    total.worst, total.worst_seed, total.worst_what = m.worst, m.worst_seed, m.worst_what
+                found.setdefault(name, Margin(name)).absorb(m)
             done += 1
             if progress:
                 progress(sum(len(p) for p in parts[:done]), "")
@@ -287,7 +291,8 @@ def merge(records: list[dict]) -> dict:
     if len(devices) != 1:
         raise ValueError(f"records must come from one device; got {sorted(devices)}")
     done: dict[str, set[int]] = {}
-    stages_: dict[str, dict[str, dict]] = {}
+    found: dict[str, dict[str, Margin]] = {}
+    kept = {f.name for f in fields(Margin)} - {"margins", "seeds", "seconds"}     # what --json writes of one
     for record in records:
         for stage, seeds in record["seeds_done"].items():
             overlap = done.setdefault(stage, set()) & set(seeds)
@@ -295,17 +300,11 @@ def merge(records: list[dict]) -> dict:
                 raise ValueError(f"{stage}: seeds {sorted(overlap)[:5]} are in two records; merge each seed once")
             done[stage] |= set(seeds)
         for stage, checks in record["stages"].items():
-            into = stages_.setdefault(stage, {})
+            into = found.setdefault(stage, {})
             for name, m in checks.items():
-                total = into.setdefault(name, {"check": name, "runs": 0, "failures": [], "first_failure": "",
-                                               "worst": 0.0, "worst_seed": None, "worst_what": "",
-                                               "draws_inputs": True})
-                total["runs"] += m["runs"]
-                total["failures"] += m["failures"]
-                total["first_failure"] = total["first_failure"] or m["first_failure"]
-                total["draws_inputs"] = total["draws_inputs"] and m["draws_inputs"]
-                if m["worst_seed"] is not None and (total["worst_seed"] is None or m["worst"] > total["worst"]):
-                    total.update(worst=m["worst"], worst_seed=m["worst_seed"], worst_what=m["worst_what"])
+                into.setdefault(name, Margin(name)).absorb(Margin(**{k: v for k, v in m.items() if k in kept}))
+    stages_ = {stage: {name: {k: v for k, v in asdict(m).items() if k in kept} for name, m in checks.items()}
+               for stage, checks in found.items()}
     return {"device": devices.pop(), "seeds_done": {s: sorted(v) for s, v in done.items()}, "stages": stages_}
 
 
