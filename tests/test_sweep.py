@@ -167,3 +167,6 @@ def test_the_committed_gpu_sweep_has_hundreds_of_seeds_per_stage_and_no_failure(
     for stage, seeds in record["seeds_done"].items():
         assert len(seeds) >= 400, stage
         assert not any(m["failures"] for m in record["stages"][stage].values()), stage
+    from grader.testing.sweep import markdown
+    table = markdown(record).split("\n", 2)[2]              # the rows, without the device line
+    assert table in (ROOT / "docs" / "verdicts.md").read_text(), "docs/verdicts.md shows another table"
