@@ -162,14 +162,6 @@ def _probe(name: str) -> tuple[str | None, bool]:
     module changes; a failure is probed again every time, so a fix is seen at once."""
     if name == "none":
         return None, False
-    found = _checked_probe(name)
-    if found[0] is None:
-        _remember(name, found[1])
-    return found
-
-
-def _checked_probe(name: str) -> tuple[str | None, bool]:
-    """The quick checks, then the remembered success, then the probe itself."""
     if sys.platform != "linux":
         return f"needs Linux (this is {sys.platform})", False
     if name == "user" and os.geteuid() != 0:
@@ -196,7 +188,9 @@ def _checked_probe(name: str) -> tuple[str | None, bool]:
     if not lines or lines[0] != stdlib_os.__file__:
         return (f"the Python installation ({sys.base_prefix}) is not readable by an unprivileged user: make the "
                 "venv from a Python other users can read (e.g. /usr/bin/python3)"), False
-    return None, lines[-1] == "True"
+    seccomp = lines[-1] == "True"
+    _remember(name, seccomp)                    # a remembered success is not written again
+    return None, seccomp
 
 
 @lru_cache(maxsize=None)

@@ -189,7 +189,10 @@ def test_a_probe_is_remembered_only_when_it_succeeded_and_only_from_a_file_of_ou
         return sandbox._probe("bubblewrap")
 
     try:
-        assert probe() == probe() == (None, True) and len(calls) == 1     # the second grading asked no one
+        assert probe() == (None, True) and len(calls) == 1
+        written = path.stat().st_ino
+        assert probe() == (None, True) and len(calls) == 1                # the second grading asked no one
+        assert path.stat().st_ino == written                              # nor wrote the record again
         assert oct(path.stat().st_mode & 0o777) == "0o600"
         path.unlink()
         works["now"] = False
