@@ -53,8 +53,8 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
         got = (None, *grads)
     else:
         got = getattr(ctx.learner, attend)(q, k, v, do, sinks=sinks, _harness=harness, **opts)
-    on = [None if t is None else t.to(device) for t in (q, k, v, do, sinks)] if device is not None else None
-    rq, rk, rv, rdo, rsinks = on or (q, k, v, do, sinks)
+    rq, rk, rv, rdo, rsinks = (q, k, v, do, sinks) if device is None else \
+        (None if t is None else t.to(device) for t in (q, k, v, do, sinks))
     ref = reference.attention_grads(rq, rk, rv, rdo, sinks=rsinks, **opts)
     base = reference.attention_grads(rq, rk, rv, rdo, sinks=rsinks, compute_dtype=tolerance.baseline_dtype(q.dtype),
                                      **opts)
