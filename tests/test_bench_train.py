@@ -116,3 +116,22 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     page = (tmp_path / "t.md").read_text()
     assert "- machine: GPU X" in page and "| s | workbook | 1.00 | 1 | 1 | 1.00x | 2.000 | 1.500 |" in page
     assert "- s: DISAGREE (largest relative gap 33.33%)" in page
+    assert "The most any attention kernel could gain" not in page
+    doc["rows"].append({**_row("s", "attention-free", [2.0, 2.0]), "step_ms": 0.8})
+    doc["rows"][2]["step_ms"] = 1.2                                            # flex-compiled
+    path.write_text(json.dumps(doc))
+    assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
+    assert "could gain in this model" in (page := (tmp_path / "t.md").read_text()) and "- s: 1.50x" in page
+
+
+def test_the_attention_free_step_keeps_the_model_and_drops_attention():
+    """The ceiling provider: the same model with o = q, so its step holds everything but attention."""
+    size = bench_train.Size("t", 2, 64, 32, 2, 4, 2, head_dim=16, vocab=40, window=8)
+    model, step_model = bench_train._model(size, "attention-free", "cpu")
+    assert model.attend is bench_train._free_attend and step_model is not model      # compiled, as flex's
+    q, k, v = torch.randn(2, 64, 4, 16), torch.randn(2, 64, 2, 16), torch.randn(2, 64, 2, 16)
+    assert bench_train._free_attend(q, k, v, model.blocks[0].attn) is q
+    tokens, targets = bench_train.batches(size, 1, "cpu")[0]
+    model(tokens, targets).backward()                                       # uncompiled: trains
+    untouched = {n for n, p in model.named_parameters() if p.grad is None}
+    assert untouched == {f"blocks.{i}.attn.{w}" for i in range(2) for w in ("kv.weight", "sinks")}
