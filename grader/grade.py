@@ -299,7 +299,8 @@ def _longest_first(stage: Stage, checks) -> list[int]:
 
 def _remember_durations(stage: Stage, results, spent: dict[int, float]) -> None:
     """Keep each check's own seconds (``spent``, by index: without starting its worker, which
-    whichever check comes first pays) for the next grading's order."""
+    whichever check comes first pays, and without Triton compiling kernels, which a cold cache
+    pays once) for the next grading's order."""
     times = {r.name: round(spent[i], 2) for i, r in enumerate(results) if r.status != "not run" and i in spent}
     try:
         DURATIONS.parent.mkdir(parents=True, exist_ok=True)
@@ -398,7 +399,7 @@ def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits,
                 *, order: list[int] | None = None, spent: dict[int, float] | None = None):
     """Run ``checks`` on ``jobs`` workers, each taking the next check not yet taken (in ``order``, a
     permutation of their indices, when given).  ``spent``, when given, receives each check's seconds
-    less any spent starting its worker.
+    less any spent starting its worker or compiling kernels.
 
     Returns ``(results in the checks' order, None)``, or ``(None, (ImportFailed, the worker's last
     output))`` as soon as a worker finds that the stage file cannot be imported: then no other
@@ -437,9 +438,11 @@ def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits,
                         continue
                     try:
                         booted = getattr(runner, "start_seconds", 0.0)
+                        compiled = getattr(runner, "compile_seconds", 0.0)
                         r = run_check(check, runner, seed, deadline=deadline, limits=limits)
                         if spent is not None:
-                            spent[i] = max(0.0, r.seconds - (getattr(runner, "start_seconds", 0.0) - booted))
+                            spent[i] = max(0.0, r.seconds - (getattr(runner, "start_seconds", 0.0) - booted)
+                                           - (getattr(runner, "compile_seconds", 0.0) - compiled))
                         done(i, r)
                     except ImportFailed as exc:
                         tail = _crash_context(runner.output_tail(4000), module) if exc.type_name == "crash" else ""

@@ -149,6 +149,7 @@ def test_a_grading_starts_the_checks_that_took_longest_last_time_first(tmp_path,
 
     class Runner:
         start_seconds = 0.0
+        compile_seconds = 0.0
 
         def __enter__(self):
             return self
@@ -159,6 +160,7 @@ def test_a_grading_starts_the_checks_that_took_longest_last_time_first(tmp_path,
     def run_check(check, runner, seed, **kwargs):
         started.append(check.name)
         runner.start_seconds += 2.0 if len(started) == 1 else 0.0        # the first check starts the worker
+        runner.compile_seconds += 1.5 if check.name == "c3" else 0.0      # and c3 compiles kernels
         return grade.CheckResult(check.name, check.points, check.points, "pass", "", seconds=3.0)
 
     monkeypatch.setattr(grade, "run_check", run_check)
@@ -168,4 +170,38 @@ def test_a_grading_starts_the_checks_that_took_longest_last_time_first(tmp_path,
                                         lambda r: shown.append(r.name), "m", order=[2, 0, 3, 1], spent=spent)
     assert failed is None and started == [few[i].name for i in (2, 0, 3, 1)]
     assert shown == [r.name for r in results] == [c.name for c in few]
-    assert spent == {2: 1.0, 0: 3.0, 3: 3.0, 1: 3.0}       # the worker's start is not the check's own time
+    assert spent == {2: 1.0, 0: 3.0, 3: 1.5, 1: 3.0}       # nor the worker's start nor compiling is the check's own
+
+
+def test_workers_count_the_seconds_triton_spends_compiling(monkeypatch):
+    """A worker adds up Triton's compile times (not cache hits) and passes each event on to a listener
+    set before it; the grader takes the count from each reply and refuses a reply it did not ask for."""
+    import triton
+    from grader import worker
+    if not hasattr(getattr(triton, "knobs", None), "compilation"):
+        pytest.skip("this Triton has no compile listener")
+    from triton.knobs import CompileTimes
+    seen = []
+    monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **event: seen.append(event["cache_hit"]))
+    seconds = worker._count_compiles()
+    times = CompileTimes(ir_initialization=250_000, lowering_stages=[("ttir", 500_000), ("cubin", 1_000_000)],
+                         store_results=250_000)
+    triton.knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=times, cache_hit=False)
+    triton.knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=times, cache_hit=True)
+    assert seconds == [2.0] and seen == [False, True]
+
+    class Conn:
+        def send_bytes(self, data):
+            pass
+
+    runner = worker.Runner.__new__(worker.Runner)
+    runner._proc, runner._conn, runner.compile_seconds = object(), Conn(), 0.0
+    for reply, outcome in [(("ok", 7, 1.25), 7), (("ok", 7, -3.0), 7), (("ok", 7), worker.Misbehaved),
+                           (("error", "E", "m", "tb"), worker.Misbehaved), ("ok", worker.Misbehaved)]:
+        runner._receive = lambda timeout, reply=reply: reply
+        if outcome is worker.Misbehaved:
+            with pytest.raises(worker.Misbehaved, match="a reply it did not ask for"):
+                runner.call("f")
+        else:
+            assert runner.call("f") == outcome
+    assert runner.compile_seconds == 1.25                  # a negative count is not believed
