@@ -152,13 +152,19 @@ def test_a_hanging_submission_costs_at_most_the_stage_limit(tmp_path):
     limits = Limits(check_timeout=4, stage_timeout=7, memory_mb=1500, output_kb=256)
     result = grade_stage(STAGE1, str(folder), only=[SOFTMAX, "softmax_large_values", ATTENTION, "attention_bad_input"],
                          limits=limits, jobs=1)
-    assert [r.status for r in result.results] == ["timeout"] * 4
-    # The first check hangs until its 4 s are up (or the stage's 7 s, where starting the worker took
-    # over 3 s: a GPU worker starts CUDA first), the second until the stage's 7 s are up, and the
-    # others are not started at all.
-    assert re.search(r"timed out after [1-4] s", result.results[0].message), result.results[0].message
-    for r in result.results[2:]:
-        assert r.message.startswith("not run: the checks before it used up the stage's time limit (7 s)")
+    assert [r.status for r in result.results] == ["timeout"] * 4 and not any(r.earned for r in result.results)
+    messages = [r.message for r in result.results]
+    if result.status == "import error":
+        # Starting the worker and importing the stage file took all of the stage's 7 s (a busy
+        # machine): every check says so, and none ran.
+        assert all("timed out" in m and ("importing the stage file" in m or "starting the worker" in m)
+                   for m in messages), messages
+    else:
+        # The first check hangs until its 4 s are up (or the stage's 7 s, less what starting the
+        # worker took), the second until the stage's 7 s are up, and the others are not started.
+        assert re.search(r"timed out after [0-7] s", messages[0]), messages[0]
+        for m in messages[2:]:
+            assert m.startswith("not run: the checks before it used up the stage's time limit (7 s)"), m
 
 
 def test_sanitize_runs_the_grading_under_memcheck(tmp_path):
