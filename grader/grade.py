@@ -333,13 +333,6 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
     folder = loader.source_dir(source)
     path = folder / f"{stage.module}.py"
     result = StageResult(stage.name, str(source), "graded", seed=seed, device=runtime.describe())
-    try:
-        mechanism = sandbox.choose()
-    except sandbox.IsolationError as exc:
-        result.status = "not graded"
-        result.results = [CheckResult(c.name, c.points, 0, "crash", str(exc), hidden=c.hidden) for c in checks]
-        return result
-    result.isolation = mechanism.name
     if not os.path.lexists(path):
         result.status = "not started"
         result.results = [CheckResult(c.name, c.points, 0, "todo", f"{path} does not exist", hidden=c.hidden)
@@ -356,6 +349,14 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
         result.status = "not started"
         result.results = [CheckResult(c.name, c.points, 0, "todo", "not started", hidden=c.hidden) for c in checks]
         return result
+    try:                               # after the cheap answers above: a stage not started runs nothing
+        mechanism = sandbox.choose()
+    except sandbox.IsolationError as exc:
+        shutil.rmtree(snapshot, ignore_errors=True)
+        result.status = "not graded"
+        result.results = [CheckResult(c.name, c.points, 0, "crash", str(exc), hidden=c.hidden) for c in checks]
+        return result
+    result.isolation = mechanism.name
 
     # Learner code reads its files from the snapshot; the folder they came from is none of its business.
     private = [] if folder in (loader.ROOT / "stages", loader.ROOT / "solutions") else [folder]

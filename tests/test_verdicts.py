@@ -188,6 +188,29 @@ def test_progress_caches_by_content_and_names_the_next_stage(tmp_path, monkeypat
     assert "grading stage1" in third.getvalue()
 
 
+def test_progress_over_stages_not_started_probes_nothing_and_renders_each_file_once(tmp_path, monkeypatch):
+    """A stage left as released is "not started" from its bytes alone: no sandbox is probed, and
+    deciding it renders that one stage file, not the whole release (which took seconds per stage)."""
+    import io
+
+    from grader import grade, progress
+    from grader.publishing import release
+    folder = tmp_path / "stages"
+    folder.mkdir()
+    for name, text in release.rendered().items():          # every stage file as release writes it
+        (folder / name).write_text(text)
+    monkeypatch.setattr(progress, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(grade.sandbox, "choose", lambda *a, **k: pytest.fail("probed a sandbox for nothing"))
+    rendered = []
+    real = release.render
+    monkeypatch.setattr(release, "render", lambda text, name: rendered.append(name) or real(text, name))
+    out = io.StringIO()
+    assert progress.progress(str(folder), out=out) == 0
+    assert all(f"  {s.name} " in out.getvalue() for s in stages.STAGES) and "not started" in out.getvalue()
+    names = [f"{s.module}.py" for s in stages.STAGES]
+    assert sorted(rendered) == sorted(names * 2)        # once in progress, once in grade_stage: no more
+
+
 def test_without_solutions_a_todo_above_a_stub_is_a_hole(tmp_path):
     # A learner's bundle has no solutions/: holes are then TODO comments right above a stub release writes.
     name = f"{STAGE3.module}.py"
