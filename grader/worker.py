@@ -168,6 +168,22 @@ class _Pipes:
         self._out.send_bytes(data)
 
 
+def _traceback_of(exc: BaseException, stage: str, others: int = 3) -> str:
+    """The traceback of ``exc`` and of the exceptions it came from, each keeping every frame of the
+    stage file and its ``others`` innermost other frames.  A Triton error is raised deep inside
+    triton.language and re-raised at the launch, so the kernel line that caused it can sit many
+    frames above either end; the last few frames alone would point at the launch."""
+    head = traceback.TracebackException.from_exception(exc)
+    seen, part = set(), head
+    while part is not None and id(part) not in seen:
+        seen.add(id(part))
+        frames = list(part.stack)
+        part.stack = traceback.StackSummary.from_list(
+            [f for i, f in enumerate(frames) if i >= len(frames) - others or f.filename.endswith(f"{stage}.py")])
+        part = part.__cause__ or (None if part.__suppress_context__ else part.__context__)
+    return "".join(head.format())[-6000:]
+
+
 def _count_compiles() -> list[float]:
     """A one-element list that adds up the seconds Triton spends compiling kernels (not loading them
     from its cache) in this process, for the grader's record of each check's own time: a cold cache's
@@ -243,7 +259,7 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
         except BaseException as exc:  # noqa: BLE001
             text = str(exc)
             fatal = "CUDA error" in text or "illegal memory access" in text or isinstance(exc, (SystemExit, KeyboardInterrupt))
-            reply = ("error", type(exc).__name__, text[:4000], traceback.format_exc(limit=-4)[-4000:])
+            reply = ("error", type(exc).__name__, text[:4000], _traceback_of(exc, stage))
         for stream in (sys.stdout, sys.stderr):  # so the log holds this call's prints before its verdict
             try:
                 stream.flush()

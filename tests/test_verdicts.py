@@ -121,6 +121,13 @@ def test_a_kernel_error_points_at_the_kernel_line_not_the_launch(tmp_path):
     assert result.results[0].status == "FAIL"
     assert f"line {line}, in _flash_forward_kernel: s = tl.dot(q, kk)" in message, message
     assert "hint" not in message
+    # An error raised deep inside triton.language (an arange of a runtime value) still points at the
+    # kernel line, however many of Triton's frames lie between it and either end of the traceback.
+    good = "offs_d = tl.arange(0, HEAD_DIM_PAD)"
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if good in ln)
+    (folder / f"{STAGE3.module}.py").write_text(text.replace(good, "offs_d = tl.arange(0, HEAD_DIM)"))
+    message = grade_stage(STAGE3, str(folder), only=["unequal_lengths"]).results[0].message
+    assert f"line {line}, in _flash_forward_kernel: offs_d = tl.arange(0, HEAD_DIM)" in message, message
 
 
 def test_a_gpu_compile_error_is_mapped_to_its_file_line():
