@@ -314,7 +314,7 @@ def _base_and_scale(c: _Case):
     m_row = _row_max(c.q, c.k, c.scale, c.vis, c.sinks)
     l_row = torch.exp(c.lse_ref - torch.where(torch.isinf(m_row), torch.zeros_like(m_row), m_row))
     yield ("lse_log2", f"lse is in base 2: it is the reference x log2(e) = 1.4427 x (at {c.at}).  lse must be the "
-           "natural log: with scores in base 2 (exp2), store (m_i + log2(l_i)) * ln(2)", (c.o_ref, c.lse_ref * LOG2E))
+           "natural log: m + log(l), or (m_i + log2(l_i)) * ln(2) where the scores are in base 2 (exp2)", (c.o_ref, c.lse_ref * LOG2E))
     yield ("lse_log2", f"lse mixes bases: it is m + log2(l) with m natural (at {c.at}).  Use the natural log: "
            "lse = m + log(l)", (c.o_ref, m_row + torch.log2(l_row)))
     yield ("o_not_normalised", f"o is not divided by the softmax sum: it equals acc = o x l (at {c.at}).  Divide "
@@ -325,7 +325,7 @@ def _base_and_scale(c: _Case):
     if pad != D:
         scales[f"1/sqrt({pad}), the padded head dim"] = 1.0 / math.sqrt(pad)
     if c.given_scale is not None:
-        scales[f"the default 1/sqrt(D), not the sm_scale={c.given_scale:g} passed in"] = 1.0 / math.sqrt(D)
+        scales[f"1/sqrt(D) (the default; sm_scale={c.given_scale:g} was passed in)"] = 1.0 / math.sqrt(D)
     for name, other in scales.items():
         if abs(other - c.scale) > 1e-9 * c.scale:    # its lse is off in a way of its own: o alone is compared
             yield ("wrong_scale", f"the output is attention with softmax scale {name} = {other:.4g} instead of "
@@ -603,6 +603,11 @@ def softmax(out, x, *, allowed: float, block: int | None = None) -> Diagnosis | 
     bad = ~torch.isfinite(got)
     flat_bad = bad.reshape(-1, x.shape[-1]).any(dim=1)
     xrows = xd.reshape(-1, x.shape[-1])
+    if got.numel() > 1 and bool(torch.isnan(got).all()):
+        return Diagnosis("nan_unwritten", "every element of the output is NaN, which is how the grader hands out "
+                         "a new tensor (torch.empty) before anything is stored in it: the result was never "
+                         "written.  Does every block of every row reach its store (tl.store in a kernel, an "
+                         "assignment in PyTorch), to the output's own pointer?")
     if bool(flat_bad.any()):
         rows = flat_bad.nonzero().flatten().tolist()
         masked_rows = [r for r in rows if bool(torch.isneginf(xrows[r]).any())]

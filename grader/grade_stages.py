@@ -107,7 +107,9 @@ def check_list(stage) -> str:
     here = sum(c.points for c in shown + hidden if runtime.ON_GPU or not c.gpu)
     total = sum(c.points for c in shown + hidden)
     if hidden:
-        lines.append(f"  and {len(hidden)} hidden check(s), {sum(c.points for c in hidden)} points")
+        points = sum(c.points for c in hidden)
+        lines.append(f"  and {len(hidden)} hidden check{'s' if len(hidden) != 1 else ''}, "
+                     f"{points} point{'s' if points != 1 else ''}")
     lines.append(f"  {total} points; {here} of them run on this machine ({runtime.describe()})")
     return "\n".join(lines)
 

@@ -211,7 +211,7 @@ def compare(out, ref: torch.Tensor, baseline: torch.Tensor, *, name: str = "o", 
              f"mean error {mean:.3g}; worst at {where}: got {float(got[worst]):.6g}, expected {float(ref[worst]):.6g}"]
     if n_nan:
         parts.append(f"{n_nan} NaN of {got.numel()} (a masked row divided by zero, exp(-inf - -inf), "
-                     "or an element the kernel never wrote)")
+                     "or an element never written)")
     if n_bad_inf:
         parts.append(f"{n_bad_inf} elements where the reference or the output is infinite and they differ")
     return Report(False, "; ".join(parts), max_err, limit)

@@ -191,6 +191,14 @@ def softmax_awkward_lengths(ctx):
         _softmax_close(ctx, ctx.randn(m, n, scale=3.0), block_n=bn, label=f"with block_n={bn}")
 
 
+def _clean_without_nan(ctx, x, n) -> bool:
+    """Whether the NaN came from past the row: the same rows, with 0 in place of the NaN beyond them,
+    come out free of NaN (an output never written, or NaN made inside the row, stays NaN)."""
+    zeros = x._base.clone().nan_to_num_(0.0)[:, :n] if x._base is not None else x.clone()
+    probe = ctx.learner.softmax(zeros, block_n=64)
+    return isinstance(probe, torch.Tensor) and probe.shape == x.shape and not bool(probe.isnan().any())
+
+
 @check(points=1, hint="mask every load and store with cols < N: a load without a mask reads the next "
                       "row (or past the tensor), a store without one overwrites it")
 def softmax_masks_the_edge(ctx):
@@ -199,7 +207,8 @@ def softmax_masks_the_edge(ctx):
     x = _with_nan_margin(ctx, 4, n, scale=3.0)
     ref, base = reference.softmax(x), reference.softmax(x, compute_dtype=x.dtype)
     out = ctx.learner.softmax(x, block_n=64)
-    if isinstance(out, torch.Tensor) and out.shape == ref.shape and bool(out.isnan().any()):
+    if isinstance(out, torch.Tensor) and out.shape == ref.shape and bool(out.isnan().any()) and _clean_without_nan(
+            ctx, x, n):
         rows = out.isnan().any(dim=1).nonzero().flatten().tolist()
         ctx.fail(f"softmax, x {tuple(x.shape)} (a view whose memory past column {n - 1} holds NaN), block_n=64: "
                  f"rows {rows} came out with NaN: the kernel read columns {n}..127 of the last block, "
