@@ -95,7 +95,9 @@ def probe(name: str) -> str | None:
 
 def _probe_key(name: str) -> str:
     """What a probe's success depends on, as one string: the mechanism, who asks, this boot, the
-    Python that would run the worker, and this module's code (which builds the worker's command)."""
+    Python that would run the worker, this module's code (which builds the worker's command), and
+    the checkout and import path the worker reads its code from (a copy of the workbook in a folder
+    the worker's user cannot read must be probed, and found wanting, on its own)."""
     import hashlib
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -107,7 +109,8 @@ def _probe_key(name: str) -> str:
     except OSError:
         exe_time = 0
     code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-    return "|".join(map(str, (name, os.geteuid(), boot, exe, exe_time, sys.prefix, sys.version, code)))
+    return "|".join(map(str, (name, os.geteuid(), boot, exe, exe_time, sys.prefix, sys.version, code, ROOT,
+                              os.environ.get("PYTHONPATH", ""))))
 
 
 def _probes_file() -> Path:

@@ -26,7 +26,8 @@ def test_a_learners_notebook_runs_to_the_end(notebook, tmp_path):
         pytest.skip("stages/ is the learner's work here, not the release")
     copy = tmp_path / notebook
     copy.write_bytes((ROOT / "notebooks" / notebook).read_bytes())
-    env = dict(os.environ, WORKBOOK_SOURCE="stages", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, WORKBOOK_SOURCE="stages",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env.pop("WORKBOOK_COLAB", None)
     done = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
                            "--allow-errors", "--inplace", "--ExecutePreprocessor.timeout=600", str(copy)],

@@ -199,10 +199,12 @@ def test_a_probe_is_remembered_only_when_it_succeeded_and_only_from_a_file_of_ou
         assert probe()[0] == probe()[0] == "a probe failed: bwrap: no permission"
         assert len(calls) == 3 and not path.exists()                     # a failure is probed every time
         works["now"] = True
-        for spoil in ("mode", "key"):
+        for spoil in ("mode", "key", "checkout"):
             key = sandbox._probe_key("bubblewrap")
             if spoil == "key":                                            # another boot, Python or grader code
                 key = key.replace(key.split("|")[2], "another-boot")
+            if spoil == "checkout":                                       # another copy of the workbook
+                monkeypatch.setattr(sandbox, "ROOT", tmp_path / "elsewhere")
             path.write_text(json.dumps({key: True}))
             path.chmod(0o644 if spoil == "mode" else 0o600)               # a file others could have written
             calls.clear()

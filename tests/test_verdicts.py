@@ -380,8 +380,8 @@ def test_notebooks_get_the_graders_diagnosis_of_gradients(tmp_path):
     stage = stages.find("stage9")
     mutant = _mutant("stage9", "tiled_dq_unscaled")
     g = torch.Generator().manual_seed(2)
-    q, k, v, do = (torch.randn(1, h, 30, 16, generator=g) for h in (4, 2, 2, 4))
-    sinks = torch.randn(4, generator=g)
+    q, k, v, do = (torch.randn(1, h, 30, 16, generator=g).to(runtime.DEVICE) for h in (4, 2, 2, 4))
+    sinks = torch.randn(4, generator=g).to(runtime.DEVICE)            # the kernels run where a learner's do
     opts = dict(causal=True, window=7, sink_tokens=2)
     for folder, expected in ((mutants.build(stage, mutant, tmp_path / "wrong"), "dq"), (ROOT / "solutions", None)):
         module = loader.load_file(folder / f"{stage.module}.py")
