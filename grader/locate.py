@@ -32,8 +32,8 @@ def frame(tb: str, module: str) -> str:
             code = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
             code = re.sub(r"\s+#[^'\"]*$", "", code)          # the line's trailing comment
             return lines[i].strip() + (f": {code}" if code else "")
-    frames = [ln.strip() for ln in tb.splitlines() if _FRAME.match(ln)]
-    return frames[-1] if frames else ""
+    frames = [ln.strip() for ln in tb.splitlines() if (m := _FRAME.match(ln)) and not m.group(1).startswith("<")]
+    return frames[-1] if frames else ""        # Python's own machinery ("<frozen importlib._bootstrap>") says nothing
 
 
 def compile_error(message: str, text: str, filename: str) -> str | None:

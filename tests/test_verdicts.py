@@ -107,6 +107,7 @@ def test_an_import_error_is_shown_once(tmp_path):
     assert shown.count("SyntaxError") == 1, shown
     broken = next(i for i, ln in enumerate(text.splitlines(), 1) if ln == "import math") + 1
     assert f"line {broken}" in shown, shown
+    assert "<frozen" not in shown, shown                  # no frame of Python's import machinery
 
 
 def test_a_kernel_error_points_at_the_kernel_line_not_the_launch(tmp_path):
