@@ -129,10 +129,21 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
     return plan
 
 
+def _bhnd(t: torch.Tensor, bnhd: bool) -> tuple:
+    """``(shape, strides)`` of ``t`` read as (B, H, N, D): a (B, N, H, D) tensor's middle two swapped.
+    The eager path hands the kernels (B, N, H, D) tensors as they are, with their strides in the
+    kernels' order, rather than transposed views: each transpose costs host time, and the
+    backward's gradients come out in the caller's layout with no view around them."""
+    shape, strides = t.shape, t.stride()
+    if bnhd:
+        return (shape[0], shape[2], shape[1], shape[3]), (strides[0], strides[2], strides[1], strides[3])
+    return tuple(shape), strides
+
+
 def _plan_for(q: torch.Tensor, k: torch.Tensor, causal: bool, window: int, sink_tokens: int,
-              has_sinks: bool) -> dict:
-    b, hq, nq, d = (int(x) for x in q.shape)          # int(): a symbolic size specializes here
-    hkv, nk = int(k.shape[1]), int(k.shape[2])
+              has_sinks: bool, bnhd: bool = False) -> dict:
+    b, hq, nq, d = (int(x) for x in _bhnd(q, bnhd)[0])        # int(): a symbolic size specializes here
+    hkv, nk = (int(x) for x in _bhnd(k, bnhd)[0][1:3])
     return launch_plan(b, hq, hkv, nq, nk, d, q.dtype, q.device, causal, window, sink_tokens, has_sinks)
 
 
@@ -141,9 +152,10 @@ def _plan_for(q: torch.Tensor, k: torch.Tensor, causal: bool, window: int, sink_
 # shapes, dtypes and strides agree between the two (opcheck compares them).
 # =============================================================================================
 
-def _forward_outputs(q):
-    o = torch.empty_like(q)                  # (B, Hq, Nq, D), q's strides: a (B, N, H, D) view stays one
-    lse = torch.empty(q.shape[0], q.shape[1], q.shape[2], device=q.device, dtype=torch.float32)   # (B, Hq, Nq)
+def _forward_outputs(q, bnhd: bool = False):
+    o = torch.empty_like(q)                  # q's shape and strides: a (B, N, H, D) view stays one
+    b, hq, nq, _ = _bhnd(q, bnhd)[0]
+    lse = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)          # (B, Hq, Nq)
     return o, lse
 
 
@@ -216,29 +228,32 @@ def _launcher(key: tuple):
     return _Launch(key)
 
 
-def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale: float, launch=_direct):
+def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale: float, launch=_direct,
+             bnhd: bool = False):
     """``(o, lse)``: o like q (same strides, so a (B, N, H, D) q gives a (B, N, H, D) o), lse
     (B, Hq, Nq) float32.  ``launch(kernel)`` is ``wrap_triton`` inside the op, so that
-    torch.compile sees the kernel, and the kernel itself in eager mode."""
-    b, hq, nq, d = q.shape
-    hkv = k.shape[1]
-    tile = _plan_for(q, k, causal, window, sink_tokens, sinks is not None)["forward"]
-    o, lse = _forward_outputs(q)
+    torch.compile sees the kernel, and the kernel itself in eager mode.  Tensors are (B, H, N, D),
+    or (B, N, H, D) with ``bnhd``."""
+    (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
+    (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
+    tile = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)["forward"]
+    o, lse = _forward_outputs(q, bnhd)
     launch(s9.flash_forward_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, o, lse, sinks if sinks is not None else lse, lse,          # lse stands in for unused pointers
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        hq, hq // hkv, nq, k.shape[2], d, window, sink_tokens, scale * s9.LOG2E,
+        *q_strides, *k_strides, *_bhnd(v, bnhd)[1], *_bhnd(o, bnhd)[1],
+        hq, hq // hkv, nq, nk, d, window, sink_tokens, scale * s9.LOG2E,
         CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SINKS=sinks is not None, COUNT_VISITS=False,
         HEAD_DIM_PAD=triton.next_power_of_2(d), **tile)
     return o, lse
 
 
 def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens: int, scale: float,
-              launch=_direct):
+              launch=_direct, bnhd: bool = False):
     """``(dq, dk, dv, dsinks)``, each like its input; dsinks float32 (Hq,), None without sinks."""
-    b, hq, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None)
+    (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
+    (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
+    v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
+    plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
     pad = triton.next_power_of_2(d)
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=pad, COUNT_VISITS=False)
 
@@ -248,7 +263,7 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     dsinks_part = torch.empty(b, hq, triton.cdiv(nq, pre_m), device=q.device, dtype=torch.float32)
     launch(s9.bwd_preprocess_kernel)[(triton.cdiv(nq, pre_m), b * hq)](
         o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
-        *o.stride(), *do.stride(), hq, nq, d,
+        *o_strides, *do_strides, hq, nq, d,
         BLOCK_M=pre_m, HEAD_DIM_PAD=pad, HAS_SINKS=sinks is not None)
     dsinks = dsinks_part.sum(dim=(0, 2)) if sinks is not None else None
 
@@ -257,14 +272,14 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     tile = plan["dkdv"]
     launch(s9.bwd_dkdv_kernel.fn)[(triton.cdiv(nk, tile["BLOCK_N"]), b * hkv)](
         q, k, v, do, dk, dv, lse, delta, delta,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        *q_strides, *k_strides, *v_strides, *do_strides, *_bhnd(dk, bnhd)[1], *_bhnd(dv, bnhd)[1],
         hq, hkv, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
 
     # 3. dQ: one program per (query block, batch x query head).
     tile = plan["dq"]
     launch(s9.bwd_dq_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, do, dq, lse, delta, delta,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        *q_strides, *k_strides, *v_strides, *do_strides, *_bhnd(dq, bnhd)[1],
         hq, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
     return dq, dk, dv, dsinks
 
@@ -320,30 +335,25 @@ class _EagerAttention(torch.autograd.Function):
     """The same forward and backward for plain eager tensors, without the dispatcher: the
     Python that torch.library wraps around an op's autograd doubled the forward's host time
     (see the module's docstring).  Only :func:`attention` uses it, for calls no tracer sees.
-    With ``bnhd`` the tensors come and go in (B, N, H, D) and are viewed as (B, H, N, D) here,
-    out of autograd's sight: four transposes recorded around the call would each add a node to
-    the backward."""
+    With ``bnhd`` the tensors come and go in (B, N, H, D) and reach the kernels as they are, their
+    strides given in the kernels' (B, H, N, D) order (:func:`_bhnd`): no transposed view is made,
+    in the forward or the backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, causal, window, sink_tokens, scale, bnhd):
-        if bnhd:
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         options = (causal, window, sink_tokens, scale)
-        key = (_call_key(q, k, v, sinks), options)
-        o, lse = _forward(q, k, v, sinks, *options, launch=_launcher(key))
+        key = (_call_key(q, k, v, sinks), options, bnhd)
+        o, lse = _forward(q, k, v, sinks, *options, launch=_launcher(key), bnhd=bnhd)
         ctx.save_for_backward(q, k, v, o, lse, sinks)
         ctx.options, ctx.key, ctx.bnhd = options, key, bnhd
-        return o.transpose(1, 2) if bnhd else o
+        return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, sinks = ctx.saved_tensors
-        if ctx.bnhd:
-            do = do.transpose(1, 2)
         key = (ctx.key, _call_key(do))
-        dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, *ctx.options, launch=_launcher(key))
-        if ctx.bnhd:
-            dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, *ctx.options, launch=_launcher(key),
+                                       bnhd=ctx.bnhd)
         return dq, dk, dv, dsinks, None, None, None, None, None
 
 
