@@ -314,7 +314,8 @@ def _base_and_scale(c: _Case):
     m_row = _row_max(c.q, c.k, c.scale, c.vis, c.sinks)
     l_row = torch.exp(c.lse_ref - torch.where(torch.isinf(m_row), torch.zeros_like(m_row), m_row))
     yield ("lse_log2", f"lse is in base 2: it is the reference x log2(e) = 1.4427 x (at {c.at}).  lse must be the "
-           "natural log: m + log(l), or (m_i + log2(l_i)) * ln(2) where the scores are in base 2 (exp2)", (c.o_ref, c.lse_ref * LOG2E))
+           "natural log: m + log(l), or (m_i + log2(l_i)) * ln(2) where the scores are in base 2 (exp2)",
+           (c.o_ref, c.lse_ref * LOG2E))
     yield ("lse_log2", f"lse mixes bases: it is m + log2(l) with m natural (at {c.at}).  Use the natural log: "
            "lse = m + log(l)", (c.o_ref, m_row + torch.log2(l_row)))
     yield ("o_not_normalised", f"o is not divided by the softmax sum: it equals acc = o x l (at {c.at}).  Divide "
@@ -603,7 +604,8 @@ def softmax(out, x, *, allowed: float, block: int | None = None) -> Diagnosis | 
     bad = ~torch.isfinite(got)
     flat_bad = bad.reshape(-1, x.shape[-1]).any(dim=1)
     xrows = xd.reshape(-1, x.shape[-1])
-    if got.numel() > 1 and bool(torch.isnan(got).all()):
+    # All NaN, though every row has a value to take (a row of -inf alone gives NaN by a missing m_safe):
+    if got.numel() > 1 and bool(torch.isnan(got).all()) and bool(torch.isfinite(xrows).any(dim=1).all()):
         return Diagnosis("nan_unwritten", "every element of the output is NaN, which is how the grader hands out "
                          "a new tensor (torch.empty) before anything is stored in it: the result was never "
                          "written.  Does every block of every row reach its store (tl.store in a kernel, an "

@@ -393,3 +393,16 @@ def test_notebooks_get_the_graders_diagnosis_of_gradients(tmp_path):
             assert cause.startswith("likely cause:") and "scale" in cause and expected in cause, cause
         else:
             assert cause == "", cause
+
+
+def test_an_all_nan_softmax_is_never_written_unless_its_rows_hold_nothing_but_minus_inf():
+    """NaN everywhere is the grader's fill, never overwritten; but a row of -inf alone gives NaN by a
+    missing m_safe, so there the masked-tile cause is named instead."""
+    import torch
+
+    from grader import diagnose
+    x = torch.randn(3, 40)
+    assert diagnose.softmax(torch.full_like(x, float("nan")), x, allowed=1e-6).cause == "nan_unwritten"
+    masked = torch.full((1, 17), float("-inf"))
+    got = diagnose.softmax(torch.full_like(masked, float("nan")), masked, allowed=1e-6)
+    assert got.cause == "nan_masked_tile", got
