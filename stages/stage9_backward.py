@@ -596,25 +596,31 @@ def _dkdv_blocks(dk, dv, k, v, q_group, do_group, stride_qh, stride_doh, stride_
     built.  MASKED=True hides the keys a row cannot see (causal diagonal, window edge) in the
     blocks outside [full_lo, full_hi), the ones that see the whole key block.
     """
-    for g in range(0, heads):                                 # every query head that reads this KV head
+    # One flat loop over every (query head of the group, query block) pair, rather than a loop
+    # over heads around a loop over blocks.  Triton overlaps the loads of the next tiles with the
+    # arithmetic of this one only within the innermost loop, and under a window each head has just
+    # a few query blocks to visit: nested, every head would pay the loop's start-up again.
+    n_blocks = tl.maximum(tl.cdiv(hi - lo, BLOCK_M), 0)      # query blocks per head
+    for i in range(0, heads * n_blocks):
+        g = i // n_blocks                                     # the query head, within the group
+        start_m = lo + (i - g * n_blocks) * BLOCK_M
         q_base = q_group + g * stride_qh                      # its Q, dO, and rows of LSE and DELTA
         do_base = do_group + g * stride_doh
         stats = stats_group + g * N_Q
-        for start_m in range(lo, hi, BLOCK_M):
-            rows = start_m + offs_m
-            row_ok = rows < N_Q
-            # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
-            # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
-            # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
-            # (the transpose of is_visible(rows, offs_n, ...)).  Rows past N_Q: load their lse as
-            # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
-            # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
-            # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
-            # (cast pT and dsT to the inputs' dtype for tl.dot, as the forward casts p).
-            pass
-            if COUNT_VISITS:                                  # this program owns its column of the map
-                tile = visits_group + (g * tl.cdiv(N_Q, BLOCK_M) + start_m // BLOCK_M) * n_key_blocks
-                tl.store(tile, tl.load(tile) + 1)
+        rows = start_m + offs_m
+        row_ok = rows < N_Q
+        # TODO(9c): load the Q and dO tiles of these query rows, their lse and delta.  Rebuild
+        # the transposed probabilities pT = exp2(k @ q^T * qk_scale - lse * log2(e)), a
+        # (BLOCK_N, BLOCK_M) tile, and in a MASKED block zero it where a key is not visible
+        # (the transpose of is_visible(rows, offs_n, ...)).  Rows past N_Q: load their lse as
+        # +inf, so p = 0.  A row that sees no key has lse = -inf: make it +inf too, so its p is
+        # exp2(-inf - inf) = 0 and not exp2(-inf + inf) = NaN.
+        # Then dv += pT @ dO, dpT = v @ dO^T, dsT = pT * (dpT - delta) and dk += dsT @ q
+        # (cast pT and dsT to the inputs' dtype for tl.dot, as the forward casts p).
+        pass
+        if COUNT_VISITS:                                  # this program owns its column of the map
+            tile = visits_group + (g * tl.cdiv(N_Q, BLOCK_M) + start_m // BLOCK_M) * n_key_blocks
+            tl.store(tile, tl.load(tile) + 1)
     return dk, dv
 
 

@@ -30,7 +30,7 @@ MUTANTS = [
            caught_by=["tiled_attention_autograd"]),
     # Part 2: the backward in Triton (TODO 9b, 9c, 9d).
     Mutant("no_gqa_reduction", "the dK/dV program adds only the first query head of its group",
-           edits=[("for g in range(0, heads):", "for g in range(0, 1):")],
+           edits=[("for i in range(0, heads * n_blocks):", "for i in range(0, n_blocks):")],
            caught_by=["gqa_and_mqa_gradients"], diagnosis="gqa_first_head_only"),
     Mutant("dq_wrong_kv_head", "the dQ program of query head h reads K/V head h % Hkv, not h // (Hq // Hkv)",
            edits=[("h_kv = h // GROUP               # GQA: the KV head this query head reads",
