@@ -114,7 +114,8 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     path.write_text(json.dumps(doc))
     assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
     page = (tmp_path / "t.md").read_text()
-    assert "- machine: GPU X" in page and "| s | workbook | 1.00 | 1 | 1 | 1.00x | 2.000 | 1.500 |" in page
+    assert "- machine: GPU X" in page and "| s | workbook | 1.00 | - | - | - | 1 | 1 | 1.00x | 2.000 | 1.500 |" in page
+    assert "the step waits on the host" not in page                          # nothing measured, nothing said
     assert "- s: DISAGREE (largest relative gap 33.33%)" in page
     assert "The most any attention kernel could gain" not in page
     doc["rows"].append({**_row("s", "attention-free", [2.0, 2.0]), "step_ms": 0.8})
@@ -122,6 +123,42 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     path.write_text(json.dumps(doc))
     assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
     assert "could gain in this model" in (page := (tmp_path / "t.md").read_text()) and "- s: 1.50x" in page
+    assert "in kernel time" not in page
+    doc["rows"][0].update(host_ms=0.9, kernel_ms=0.5, attention_ms=0.125)   # what a run now writes
+    doc["rows"][2]["kernel_ms"], doc["rows"][3]["kernel_ms"] = 0.6, 0.4       # flex-compiled, attention-free
+    path.write_text(json.dumps(doc))
+    assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
+    page = (tmp_path / "t.md").read_text()
+    assert "| s | workbook | 1.00 | 0.90 | 0.50 | 0.12 | 1 |" in page and "the step waits on the host" in page
+    assert "- s: 1.50x in step time, 1.50x in kernel time" in page
+    assert "0.90" in bench_train.table(doc["rows"], {})
+
+
+@pytest.mark.parametrize("name, attention", [
+    ("_flash_forward_kernel", True), ("_bwd_dkdv_kernel_1", True), ("_bwd_preprocess_kernel", True),
+    ("triton_tem_fused__to_copy_flex_attention_backward_mul_sigmoid_0", True),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>", True),
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", False),
+    ("triton_poi_fused__unsafe_view_cat_mul_silu_silu_backward_split_view_3", False),
+    ("triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_4", False),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata<4>>", False),
+])
+def test_attention_kernels_are_told_from_the_rest_by_name(name, attention):
+    """The names the H100 profile of a step showed: the workbook's kernels, FlexAttention's
+    template, SDPA's FlashAttention, cuBLAS's matmuls, Inductor's fused pointwise and reductions."""
+    assert bench_train.is_attention_kernel(name) is attention
+
+
+@pytest.mark.skipif(not runtime.ON_GPU, reason="times training steps on a CUDA GPU")
+@pytest.mark.parametrize("provider", ["workbook", "attention-free"])
+def test_a_row_says_what_paces_the_step(provider):
+    size = bench_train.Size("t", 2, 256, 64, 2, 4, 2, head_dim=16, vocab=64, window=32)
+    r = bench_train.run_one(size, provider, warmup=2, steps=3)
+    assert r["host_ms"] > 0 and 0 < r["kernel_ms"]
+    if provider == "attention-free":
+        assert r["attention_ms"] == 0
+    else:
+        assert 0 < r["attention_ms"] < r["kernel_ms"]
 
 
 def test_the_attention_free_step_keeps_the_model_and_drops_attention():

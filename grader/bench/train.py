@@ -20,7 +20,11 @@ trains the same initial weights on the same batches:
 
 It reports the step time (median of CUDA-event timings of single steps after the compile and
 warm-up steps), tokens per second, peak memory, and whether the loss curves of the three
-providers that train the same model agree.  The batches repeat a random 64-token phrase, so
+providers that train the same model agree.  Two more numbers say what paces a step: the host
+time to issue one step to an idle GPU (Python, the dispatcher, kernel launches), and the GPU time
+of the step's kernels, all of them and those of attention alone, from a profile of a few more
+steps.  Where the host time is near the step time and the kernels take less, the step waits on
+the host, and a faster kernel cannot shorten it.  The batches repeat a random 64-token phrase, so
 the loss falls quickly once attention learns to copy, and a wrong attention shows in the curve.
 """
 
@@ -240,11 +244,59 @@ def run_one(size: Size, provider: str, *, warmup: int, steps: int) -> dict:
             first_s = time.perf_counter() - compile_start
     torch.cuda.synchronize()
     ms = statistics.median(s.elapsed_time(e) for s, e in times)
+    host_ms, kernel_ms, attention_ms = _what_paces(model, step_model, opt, data[warmup:warmup + PACE_STEPS])
     return dict(size=size.name, provider=provider, batch=size.batch, seq=size.seq, d_model=size.d_model,
                 layers=size.layers, heads=size.heads, kv_heads=size.kv_heads, head_dim=size.head_dim,
                 window=size.window, lr=size.lr, step_ms=round(ms, 3), tokens_per_s=round(size.batch * size.seq / ms * 1e3),
                 peak_mib=round(torch.cuda.max_memory_allocated() / 2 ** 20), warmup_s=round(first_s, 1),
+                host_ms=round(host_ms, 3), kernel_ms=round(kernel_ms, 3), attention_ms=round(attention_ms, 3),
                 losses=[round(x.item(), 4) for x in losses])
+
+
+PACE_STEPS = 3                   # steps of each kind that _what_paces times (on the warm-up's batches again)
+ATTENTION_KERNELS = ("flash", "_bwd_", "flex_attention", "attention")     # in a GPU kernel's name
+
+
+def is_attention_kernel(name: str) -> bool:
+    """Whether a GPU kernel of a step is attention's: the workbook's (stage 9's forward and backward),
+    FlexAttention's generated ones and SDPA's FlashAttention kernels all carry one of these words."""
+    return any(word in name for word in ATTENTION_KERNELS)
+
+
+def _what_paces(model, step_model, opt, data) -> tuple[float, float, float]:
+    """``(host ms, kernel ms, attention kernel ms)`` per step, medians and means over ``data``'s steps.
+
+    Host: the time to issue one step to an idle GPU, from a synchronize to the step's return (the
+    GPU still working).  Kernels: the GPU time of every kernel of the step, from a profile; and of
+    the attention kernels among them.  The steps train on: these are extra steps of the same run,
+    after the timed ones.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    def step(tokens, targets):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_model(tokens, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    host = []
+    for tokens, targets in data:
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        step(tokens, targets)
+        host.append((time.perf_counter() - began) * 1e3)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for tokens, targets in data:
+            step(tokens, targets)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)          # a named range, not a kernel
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    per_step = lambda es: sum(e.device_time_total for e in es) / len(data) / 1e3    # µs -> ms
+    return (statistics.median(host), per_step(kernels),
+            per_step([e for e in kernels if is_attention_kernel(e.name)]))
 
 
 def agreement(rows: list[dict]) -> dict[str, float]:
@@ -257,18 +309,27 @@ def agreement(rows: list[dict]) -> dict[str, float]:
     return gaps
 
 
-def _vs_flex(rows: list[dict], r: dict) -> str:
-    """Row ``r``'s speed relative to FlexAttention's compiled model at its size ("1.05x"), or "-"."""
+def _vs_flex(rows: list[dict], r: dict, key: str = "step_ms") -> str:
+    """Row ``r``'s speed relative to FlexAttention's compiled model at its size ("1.05x"), or "-";
+    by its step time, or by another time ``key`` (``kernel_ms``) where both rows have it."""
     flex = next((x for x in rows if x["size"] == r["size"] and x["provider"] == "flex-compiled"), None)
-    return f"{flex['step_ms'] / r['step_ms']:.2f}x" if flex else "-"
+    if flex is None or flex.get(key) is None or not r.get(key):
+        return "-"
+    return f"{flex[key] / r[key]:.2f}x"
+
+
+def _ms(r: dict, key: str) -> str:
+    """A row's ``host_ms``, ``kernel_ms`` or ``attention_ms`` as text; "-" in a file written before it was measured."""
+    return f"{r[key]:.2f}" if r.get(key) is not None else "-"
 
 
 def table(rows: list[dict], gaps: dict[str, float]) -> str:
-    lines = [f"{'size':<9} {'provider':<18} {'step ms':>8} {'tokens/s':>10} {'peak MiB':>9} {'vs flex':>8} "
-             f"{'first loss':>10} {'last loss':>9}"]
+    lines = [f"{'size':<9} {'provider':<18} {'step ms':>8} {'host ms':>8} {'kernels':>8} {'attn':>6} {'tokens/s':>10} "
+             f"{'peak MiB':>9} {'vs flex':>8} {'first loss':>10} {'last loss':>9}"]
     for r in rows:
         ratio = _vs_flex(rows, r)
-        lines.append(f"{r['size']:<9} {r['provider']:<18} {r['step_ms']:>8.2f} {r['tokens_per_s']:>10} "
+        lines.append(f"{r['size']:<9} {r['provider']:<18} {r['step_ms']:>8.2f} {_ms(r, 'host_ms'):>8} "
+                     f"{_ms(r, 'kernel_ms'):>8} {_ms(r, 'attention_ms'):>6} {r['tokens_per_s']:>10} "
                      f"{r['peak_mib']:>9} {ratio:>8} {r['losses'][0]:>10.3f} {r['losses'][-1]:>9.3f}")
     for size, gap in sorted(gaps.items()):
         verdict = "agree" if gap <= LOSS_RTOL else "DISAGREE"
@@ -286,17 +347,27 @@ def markdown(doc: dict, source: str) -> str:
            "--json FILE` wrote; edit the JSON's run, not this page. Each size's providers ran in the same run on "
            "the same batches (grader/bench/train.py describes the model and the providers).", "",
            f"- machine: {doc.get('gpu', 'not recorded')}", f"- software: {software or 'not recorded'}", "",
-           "| size | provider | step ms | tokens/s | peak MiB | speed vs flex-compiled | first loss | last loss |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| size | provider | step ms | host ms | kernels ms | attention kernels ms | tokens/s | peak MiB | "
+           "speed vs flex-compiled | first loss | last loss |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        out.append(f"| {r['size']} | {r['provider']} | {r['step_ms']:.2f} | {r['tokens_per_s']} | {r['peak_mib']} | "
+        out.append(f"| {r['size']} | {r['provider']} | {r['step_ms']:.2f} | {_ms(r, 'host_ms')} | {_ms(r, 'kernel_ms')} | "
+                   f"{_ms(r, 'attention_ms')} | {r['tokens_per_s']} | {r['peak_mib']} | "
                    f"{_vs_flex(rows, r)} | {r['losses'][0]:.3f} | {r['losses'][-1]:.3f} |")
-    free = [(r, _vs_flex(rows, r)) for r in rows if r["provider"] == "attention-free"]
+    if any(r.get("host_ms") is not None for r in rows):
+        out += ["", "Step ms is the median CUDA-event time of a step. Host ms is the time to issue one step to an idle "
+                    "GPU (Python, the dispatcher, kernel launches); kernels ms is the GPU time of the step's kernels, "
+                    "and attention kernels ms that of attention's alone, from a profile of a few more steps. Where "
+                    "host ms is near step ms and kernels ms is below it, the step waits on the host: a faster kernel "
+                    "does not shorten it."]
+    free = [(r, _vs_flex(rows, r), _vs_flex(rows, r, "kernel_ms")) for r in rows if r["provider"] == "attention-free"]
     if free:
         out += ["", "The most any attention kernel could gain in this model: the attention-free step (attention's "
                     "output replaced by its query, so attention and the key/value projection drop out) against "
-                    "flex-compiled's, measured in the same run:", ""]
-        out += [f"- {r['size']}: {ratio}" for r, ratio in free]
+                    "flex-compiled's, measured in the same run, in step time and, where measured, in the GPU time "
+                    "of the step's kernels (which the host's pace does not change):", ""]
+        out += [f"- {r['size']}: {ratio}" + (f" in step time, {kernels} in kernel time" if kernels != "-" else "")
+                for r, ratio, kernels in free]
     limit = doc.get("loss_rtol", LOSS_RTOL)
     out += ["", f"Loss curves of {', '.join(SAME_MODEL)}, which train one model, agree when no step's losses "
                 f"differ by more than {limit:.0%}:", ""]
