@@ -16,6 +16,14 @@ hook, below) and changes how they are called:
   does and launches nothing, so shapes, dtypes and strides are known without a GPU (Triton's
   CPU interpreter would otherwise try to run the kernels on fake tensors).
   ``register_autograd`` ties the two together.  The backward has no backward of its own.
+* **Kernels that say what they write.**  Inductor learns which tensors a ``wrap_triton`` kernel
+  writes by following each store's pointer back through the kernel's Triton IR, and it takes a
+  helper's results as made from all of the helper's arguments.  When stage 5's
+  ``_load_query_tile`` (which takes Q, K and V) also returned the query rows that the forward
+  stores o and lse through, Inductor took Q, K and V for written: every compiled forward copied
+  all three before the kernel and back after it, and CUDA graphs were skipped ("mutated
+  inputs").  The rows now come from ``_query_rows``, which takes no tensor; a test checks the
+  analysis's verdict for every kernel the ops launch.
 * **Stage 9's kernels, one hook.**  Under ``torch.compile`` a Python float argument reaches a
   user kernel as float64, which spread into the accumulators and broke the compile; stage 9's
   kernels (and the forward kernel it includes from stage 8) now cast their scale arguments to

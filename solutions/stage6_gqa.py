@@ -45,7 +45,8 @@ import triton.language as tl  # noqa: E402
 # work from pointers to its heads (stage 3's set-up, the ranges, the loops, the store).
 # include: stage5_causal._visible, stage5_causal._scores, stage5_causal._softmax_update
 # include: stage5_causal._attend_blocks, stage5_causal._key_blocks, stage5_causal._finish
-# include: stage5_causal._load_query_tile, stage5_causal._empty_state, stage5_causal._store_tile
+# include: stage5_causal._query_rows, stage5_causal._load_query_tile, stage5_causal._empty_state
+# include: stage5_causal._store_tile
 # include: stage5_causal._attend_tile
 
 

@@ -132,7 +132,8 @@ def _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M: tl.constexpr, BLOCK
 
 
 # Stage 5's store and set-up of a program, unchanged.
-# include: stage5_causal._finish, stage5_causal._load_query_tile, stage5_causal._empty_state
+# include: stage5_causal._finish, stage5_causal._query_rows, stage5_causal._load_query_tile
+# include: stage5_causal._empty_state
 # include: stage5_causal._store_tile
 
 
@@ -149,9 +150,9 @@ def _attend_tile(LSE, VISITS, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDOW, qk_scal
     lo, full_lo = 0, 0
     if HAS_WINDOW:
         lo, full_lo = _window_blocks(start_m, shift, WINDOW, full_hi, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
-                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
-                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
+    offs_m, row_ok, d_ok = _query_rows(start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
+    q, k_base, v_base = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, stride_vd,
+                                         offs_m, row_ok, d_ok, HEAD_DIM_PAD=HEAD_DIM_PAD)
     acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
     visits = 0                                                               # key blocks loaded
     acc, m_i, l_i, visits = _attend_blocks(acc, m_i, l_i, visits, lo, full_lo, shift, WINDOW,   # the window's edge

@@ -133,7 +133,8 @@ def _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL: tl.constexpr, 
 
 
 # Stage 5's store and set-up of a program, unchanged.
-# include: stage5_causal._finish, stage5_causal._load_query_tile, stage5_causal._empty_state
+# include: stage5_causal._finish, stage5_causal._query_rows, stage5_causal._load_query_tile
+# include: stage5_causal._empty_state
 # include: stage5_causal._store_tile
 
 
@@ -149,9 +150,9 @@ def _attend_tile(LSE, VISITS, SINKS, h, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDO
     shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
     sink_hi, lo, full_lo, full_hi, hi = _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
                                                     HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
-                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
-                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
+    offs_m, row_ok, d_ok = _query_rows(start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
+    q, k_base, v_base = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, stride_vd,
+                                         offs_m, row_ok, d_ok, HEAD_DIM_PAD=HEAD_DIM_PAD)
     acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
     # TODO(8b): with HAS_SINKS, this head's learned sink is a virtual key with logit SINKS[h]
     # and value 0.  Count it as read before every real key: start m_i at its logit in base 2

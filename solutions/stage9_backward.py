@@ -63,7 +63,8 @@ import triton.language as tl  # noqa: E402
 # include: stage5_causal._scores, stage5_causal._softmax_update, stage8_sinks._attend_blocks
 # include: stage5_causal._key_blocks, stage7_sliding_window._window_blocks, stage8_sinks._sink_blocks
 # include: stage8_sinks._key_ranges, stage5_causal._finish
-# include: stage5_causal._load_query_tile, stage5_causal._empty_state, stage5_causal._store_tile
+# include: stage5_causal._query_rows, stage5_causal._load_query_tile, stage5_causal._empty_state
+# include: stage5_causal._store_tile
 # include: stage8_sinks._attend_tile
 # include: stage8_sinks._flash_forward_kernel, stage5_causal._launch_setup, stage8_sinks.flash_attention
 

@@ -197,21 +197,29 @@ def _finish(acc, m_i, l_i, o_ptrs, lse_ptrs, row_ok, d_ok):
 
 
 @triton.jit
-def _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, stride_vd, start_m, N_Q, HEAD_DIM,
-                     BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
-    """Stage 3's set-up of a program, for the query rows start_m, ... of the heads that start at
-    q_head (Q), k_head and v_head (K and V): the Q tile, loaded once (zeros outside the sequence
-    and in the padding columns), where the head-dim columns of K and V start, the query rows, and
-    the masks of real rows and real head-dim columns."""
+def _query_rows(start_m, N_Q, HEAD_DIM, BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """The query rows start_m, ... of a program, and the masks of its real rows and real
+    head-dim columns: index arithmetic alone, apart from any load or store."""
     offs_m = start_m + tl.arange(0, BLOCK_M)                  # query rows of this program
     offs_d = tl.arange(0, HEAD_DIM_PAD)                       # head-dim columns (padded)
-    row_ok = offs_m < N_Q
-    d_ok = offs_d < HEAD_DIM                                  # False on the padding columns
+    return offs_m, offs_m < N_Q, offs_d < HEAD_DIM            # False past N_Q and on the padding columns
+
+
+@triton.jit
+def _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, stride_vd, offs_m, row_ok, d_ok,
+                     HEAD_DIM_PAD: tl.constexpr):
+    """Stage 3's set-up of a program, for the query rows offs_m (from _query_rows) of the heads
+    that start at q_head (Q), k_head and v_head (K and V): the Q tile, loaded once (zeros outside
+    the sequence and in the padding columns), and where the head-dim columns of K and V start.
+    The rows come in, not out.  torch.compile, when it reads a kernel to learn which tensors it
+    writes, takes whatever a helper returns as made from all of the helper's arguments: a store
+    through rows returned from here would count as a write to Q, K and V."""
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
     q = tl.load(q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)             # (BLOCK_M, HEAD_DIM_PAD)
     k_base = k_head + offs_d[None, :] * stride_kd
     v_base = v_head + offs_d[None, :] * stride_vd
-    return q, k_base, v_base, offs_m, row_ok, d_ok
+    return q, k_base, v_base
 
 
 @triton.jit
@@ -248,9 +256,9 @@ def _attend_tile(LSE, VISITS, SINKS, h, pid_m, pid_bh, N_Q, N_K, HEAD_DIM, WINDO
     shift = N_K - N_Q               # query row i sees key j iff j <= i + shift (bottom-right alignment)
     sink_hi, lo, full_lo, full_hi, hi = _key_ranges(start_m, N_K, shift, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
                                                     HAS_WINDOW=HAS_WINDOW, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
-    q, k_base, v_base, offs_m, row_ok, d_ok = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd,
-                                                               stride_vd, start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M,
-                                                               HEAD_DIM_PAD=HEAD_DIM_PAD)
+    offs_m, row_ok, d_ok = _query_rows(start_m, N_Q, HEAD_DIM, BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
+    q, k_base, v_base = _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, stride_vd,
+                                         offs_m, row_ok, d_ok, HEAD_DIM_PAD=HEAD_DIM_PAD)
     acc, m_i, l_i = _empty_state(BLOCK_M=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD)
     if HAS_SINKS:
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(SINKS + h) / LN2

@@ -302,6 +302,46 @@ def test_compile_fullgraph_matches_eager(op, n):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"tensor {i}: {m}")
 
 
+def test_inductor_takes_each_kernel_to_write_only_its_outputs():
+    """torch.compile decides from each kernel's Triton IR which tensors it writes, and clones (and
+    copies back) every tensor it takes for written.  The forward was once taken to write q, k and v
+    (the query rows it stores through came out of the helper that loads Q and takes K and V), which
+    cost three copies each way per call and kept CUDA graphs off when q, k, v were graph inputs.
+    The analysis runs on the CPU, in a process of its own (tests/kernel_writes.py)."""
+    import json
+    import subprocess
+    import sys
+    script = ROOT / "tests" / "kernel_writes.py"
+    done = subprocess.run([sys.executable, str(script), str(PATH.parent)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "forward": ["LSE", "O"], "preprocess": ["DELTA", "DSINKS_PART"], "dkdv": ["DK", "DV"], "dq": ["DQ"]}
+
+
+@gpu
+def test_cuda_graphs_when_q_k_v_are_the_inputs(op):
+    """q, k and v as the compiled function's own inputs (in TinyModel they are made inside): the op
+    only reads them, so the compiled forward copies none of them and CUDA graphs are kept."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+    q, k, v = _qkv(1, 8, 2, 256, 256, 64, layout="bnhd", grad=True)
+    sinks = torch.zeros(8, device=DEVICE, requires_grad=True)
+
+    def f(q, k, v, sinks):
+        return op.attention(q, k, v, is_causal=True, window=64, sinks=sinks, enable_gqa=True, layout="bnhd")
+
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(f, fullgraph=True, dynamic=False), q, k, v, sinks)
+    assert code and not any("aten.copy_" in c for c in code), "the compiled forward copies an input back"
+    torch._dynamo.reset()
+    counters.clear()
+    graphed = torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    for _ in range(3):                                        # warm-up, record, replay
+        torch.autograd.grad(graphed(q, k, v, sinks).sum(), (q, k, v, sinks))   # no .grad kept across replays
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
 @gpu
 def test_cuda_graphs(op):
     from torch._dynamo.utils import counters

@@ -1,0 +1,88 @@
+"""What Inductor takes each of the op's kernels to write: prints ``{kernel: [written arguments]}`` as JSON.
+
+    python tests/kernel_writes.py [SOLUTIONS_DIR]
+
+``torch.compile`` learns which tensors a kernel launched through ``wrap_triton`` writes by reading
+the kernel's Triton IR (``torch._higher_order_ops.triton_kernel_wrap``).  A tensor it wrongly takes
+for written is cloned before the kernel and copied back after it, and CUDA graphs are skipped when
+that tensor is a graph input.  This asks the same analysis about solutions/attention_op.py's four
+kernels, on the CPU: Triton builds the IR for a named GPU with a stand-in driver.  It must run in a
+process of its own: kernels.runtime turns on Triton's interpreter without a GPU, and here the
+kernels must stay real ``@triton.jit`` functions (as in tests/compile_targets.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kernels import runtime  # noqa: E402,F401  (sets TRITON_INTERPRET without a GPU: undone just below)
+
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") == "1" and not runtime.ON_GPU:
+    raise SystemExit("kernel_writes: triton was imported with the interpreter on; run this file as a script")
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+
+
+class _Driver:
+    """Enough of a driver for Triton to build a kernel's IR for an H100; nothing is launched."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+def writes(kernel, tensors: dict, scalars: dict) -> list[str]:
+    """The arguments the analysis takes ``kernel`` to write, by name."""
+    from torch._higher_order_ops import triton_kernel_wrap as wrap
+    kwargs = {**tensors, **scalars}
+    for name in kernel.arg_names:                     # the strides, in the kernel's order: 1s will do
+        kwargs.setdefault(name, 1)
+    if hasattr(wrap, "identify_accessed_tensors"):                   # torch 2.12 and later
+        return sorted(d.name for d in wrap.identify_accessed_tensors(kernel, kwargs, {}).read_writes.writes)
+    return sorted(wrap.identify_mutated_tensors(kernel, kwargs, {}))   # torch 2.11
+
+
+def main(solutions: Path) -> dict:
+    driver.set_active(_Driver())
+    from kernels.loader import load_file
+    s9 = load_file(solutions / "stage9_backward.py")
+    b, hq, hkv, n, d = 1, 8, 2, 128, 64
+    q, do, o, dq = (torch.empty(b, hq, n, d, dtype=torch.bfloat16) for _ in range(4))
+    k, v, dk, dv = (torch.empty(b, hkv, n, d, dtype=torch.bfloat16) for _ in range(4))
+    lse, delta = torch.empty(b, hq, n), torch.empty(b, hq, n)
+    sinks, part = torch.empty(hq), torch.empty(b, hq, 1)
+    shape = dict(N_Q=n, N_K=n, HEAD_DIM=d, WINDOW=64, SINK_TOKENS=0, CAUSAL=True, HAS_WINDOW=True,
+                 COUNT_VISITS=False, HEAD_DIM_PAD=d, BLOCK_M=64, BLOCK_N=64)
+    return {
+        "forward": writes(s9.flash_forward_kernel.fn, dict(Q=q, K=k, V=v, O=o, LSE=lse, SINKS=sinks, VISITS=lse),
+                          dict(shape, H=hq, GROUP=hq // hkv, qk_scale=0.18, HAS_SINKS=True)),
+        "preprocess": writes(s9.bwd_preprocess_kernel, dict(O=o, DO=do, LSE=lse, DELTA=delta, SINKS=sinks,
+                                                            DSINKS_PART=part),
+                             dict(H=hq, N_Q=n, HEAD_DIM=d, BLOCK_M=128, HEAD_DIM_PAD=d, HAS_SINKS=True)),
+        "dkdv": writes(s9.bwd_dkdv_kernel.fn, dict(Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, LSE=lse, DELTA=delta,
+                                                   VISITS=delta),
+                       dict(shape, H_Q=hq, H_KV=hkv, GROUP=hq // hkv, sm_scale=0.125, qk_scale=0.18)),
+        "dq": writes(s9.bwd_dq_kernel.fn, dict(Q=q, K=k, V=v, DO=do, DQ=dq, LSE=lse, DELTA=delta, VISITS=delta),
+                     dict(shape, H_Q=hq, GROUP=hq // hkv, sm_scale=0.125, qk_scale=0.18)),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "solutions")))
