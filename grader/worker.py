@@ -206,16 +206,13 @@ def _count_compiles() -> list[float]:
     return seconds
 
 
-def _start_cuda() -> None:
-    """Create CUDA's context and cuBLAS's handle now, while the worker starts (a second or more on a
-    GPU), so that the time recorded for its first check is that check's own.  A failure here is left
-    for the first check to meet and report, as it would without this."""
-    from kernels import runtime
-    if not runtime.ON_GPU:
-        return
+def _start_cuda(device) -> None:
+    """Create CUDA's context and cuBLAS's handle on ``device`` now, while the worker starts, so that
+    the time recorded for its first check is that check's own.  A failure here is left for the first
+    check to meet and report, as it would without this."""
     import torch
     try:
-        x = torch.ones(8, 8, device=runtime.DEVICE)
+        x = torch.ones(8, 8, device=device)
         (x @ x).sum().item()
     except Exception:  # noqa: BLE001 - reported by the check that needs the GPU
         pass
@@ -236,7 +233,8 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
             raise RuntimeError("the grader could not install its seccomp filter, which it found working before")
         from kernels import loader, runtime
         import torch
-        _start_cuda()
+        if runtime.ON_GPU:
+            _start_cuda(runtime.DEVICE)
         if not runtime.ON_GPU:
             cap = (limits.memory_mb + 2048) * 2**20
             resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))

@@ -8,44 +8,21 @@ for written is cloned before the kernel and copied back after it, and CUDA graph
 that tensor is a graph input.  This asks the same analysis about solutions/attention_op.py's four
 kernels, on the CPU: Triton builds the IR for a named GPU with a stand-in driver.  It must run in a
 process of its own: kernels.runtime turns on Triton's interpreter without a GPU, and here the
-kernels must stay real ``@triton.jit`` functions (as in tests/compile_targets.py).
+kernels must stay real ``@triton.jit`` functions, as tests/compile_targets.py arranges.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from kernels import runtime  # noqa: E402,F401  (sets TRITON_INTERPRET without a GPU: undone just below)
-
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") == "1" and not runtime.ON_GPU:
-    raise SystemExit("kernel_writes: triton was imported with the interpreter on; run this file as a script")
-os.environ.pop("TRITON_INTERPRET", None)
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compile_targets  # noqa: E402  (turns the interpreter off; its stand-in driver serves here too)
 import torch  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 
-
-class _Driver:
-    """Enough of a driver for Triton to build a kernel's IR for an H100; nothing is launched."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
+ROOT = compile_targets.ROOT
 
 
 def writes(kernel, tensors: dict, scalars: dict) -> list[str]:
@@ -60,7 +37,7 @@ def writes(kernel, tensors: dict, scalars: dict) -> list[str]:
 
 
 def main(solutions: Path) -> dict:
-    driver.set_active(_Driver())
+    driver.set_active(compile_targets._RecordingDriver())          # builds IR for an H100
     from kernels.loader import load_file
     s9 = load_file(solutions / "stage9_backward.py")
     b, hq, hkv, n, d = 1, 8, 2, 128, 64

@@ -230,11 +230,7 @@ def run_one(size: Size, provider: str, *, warmup: int, steps: int) -> dict:
     for i, (tokens, targets) in enumerate(data):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = step_model(tokens, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = _train_step(step_model, opt, tokens, targets)
         end.record()
         losses.append(loss.detach())
         if i >= warmup:
@@ -244,16 +240,17 @@ def run_one(size: Size, provider: str, *, warmup: int, steps: int) -> dict:
             first_s = time.perf_counter() - compile_start
     torch.cuda.synchronize()
     ms = statistics.median(s.elapsed_time(e) for s, e in times)
-    host_ms, kernel_ms, attention_ms = _what_paces(model, step_model, opt, data[warmup:warmup + PACE_STEPS])
+    peak = torch.cuda.max_memory_allocated()
+    host_ms, kernel_ms, attention_ms = _what_paces(step_model, opt, data[warmup:warmup + PACE_STEPS])
     return dict(size=size.name, provider=provider, batch=size.batch, seq=size.seq, d_model=size.d_model,
                 layers=size.layers, heads=size.heads, kv_heads=size.kv_heads, head_dim=size.head_dim,
                 window=size.window, lr=size.lr, step_ms=round(ms, 3), tokens_per_s=round(size.batch * size.seq / ms * 1e3),
-                peak_mib=round(torch.cuda.max_memory_allocated() / 2 ** 20), warmup_s=round(first_s, 1),
+                peak_mib=round(peak / 2 ** 20), warmup_s=round(first_s, 1),
                 host_ms=round(host_ms, 3), kernel_ms=round(kernel_ms, 3), attention_ms=round(attention_ms, 3),
                 losses=[round(x.item(), 4) for x in losses])
 
 
-PACE_STEPS = 3                   # steps of each kind that _what_paces times (on the warm-up's batches again)
+PACE_STEPS = 3                   # steps of each kind that _what_paces times (on the first timed steps' batches again)
 ATTENTION_KERNELS = ("flash", "_bwd_", "flex_attention", "attention")     # in a GPU kernel's name
 
 
@@ -263,8 +260,18 @@ def is_attention_kernel(name: str) -> bool:
     return any(word in name for word in ATTENTION_KERNELS)
 
 
-def _what_paces(model, step_model, opt, data) -> tuple[float, float, float]:
-    """``(host ms, kernel ms, attention kernel ms)`` per step, medians and means over ``data``'s steps.
+def _train_step(step_model, opt, tokens, targets) -> torch.Tensor:
+    """One training step (bfloat16 autocast, backward, AdamW); returns the loss."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = step_model(tokens, targets)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def _what_paces(step_model, opt, data) -> tuple[float, float, float]:
+    """``(host ms, kernel ms, attention kernel ms)`` per step: the host's a median, the kernels' a mean over ``data``.
 
     Host: the time to issue one step to an idle GPU, from a synchronize to the step's return (the
     GPU still working).  Kernels: the GPU time of every kernel of the step, from a profile; and of
@@ -273,23 +280,16 @@ def _what_paces(model, step_model, opt, data) -> tuple[float, float, float]:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    def step(tokens, targets):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = step_model(tokens, targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
     host = []
     for tokens, targets in data:
         torch.cuda.synchronize()
         began = time.perf_counter()
-        step(tokens, targets)
+        _train_step(step_model, opt, tokens, targets)
         host.append((time.perf_counter() - began) * 1e3)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for tokens, targets in data:
-            step(tokens, targets)
+            _train_step(step_model, opt, tokens, targets)
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and not getattr(e, "is_user_annotation", False)          # a named range, not a kernel
