@@ -107,7 +107,8 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     the page says which sizes' loss curves disagree."""
     from grader.bench import report
     from kernels.loader import ROOT
-    assert (ROOT / "docs" / "training.md").read_text() == report.render(ROOT / "docs" / "bench-train-h100.json")
+    for page, record in (("training.md", "bench-train-h100.json"), ("training-h200.md", "bench-train-h200.json")):
+        assert (ROOT / "docs" / page).read_text() == report.render(ROOT / "docs" / record)
     rows = [_row("s", p, [2.0, 1.0 + (0.5 if p == "workbook" else 0)]) for p in bench_train.SAME_MODEL]
     doc = dict(gpu="GPU X", torch="t", loss_rtol=0.02, loss_gap=bench_train.agreement(rows), rows=rows)
     path = tmp_path / "train.json"
@@ -116,7 +117,7 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     page = (tmp_path / "t.md").read_text()
     assert "- machine: GPU X" in page and "| s | workbook | 1.00 | - | - | - | 1 | 1 | 1.00x | 2.000 | 1.500 |" in page
     assert "the step waits on the host" not in page                          # nothing measured, nothing said
-    assert "- s: DISAGREE (largest relative gap 33.33%)" in page
+    assert "- s: workbook, workbook-compiled, flex-compiled DISAGREE (largest relative gap 33.33%)" in page
     assert "The most any attention kernel could gain" not in page
     doc["rows"].append({**_row("s", "attention-free", [2.0, 2.0]), "step_ms": 0.8})
     doc["rows"][2]["step_ms"] = 1.2                                            # flex-compiled
@@ -138,6 +139,7 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     ("_flash_forward_kernel", True), ("_bwd_dkdv_kernel_1", True), ("_bwd_preprocess_kernel", True),
     ("triton_tem_fused__to_copy_flex_attention_backward_mul_sigmoid_0", True),
     ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>", True),
+    ("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0", True),
     ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", False),
     ("triton_poi_fused__unsafe_view_cat_mul_silu_silu_backward_split_view_3", False),
     ("triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_4", False),
@@ -150,7 +152,7 @@ def test_attention_kernels_are_told_from_the_rest_by_name(name, attention):
 
 
 @pytest.mark.skipif(not runtime.ON_GPU, reason="times training steps on a CUDA GPU")
-@pytest.mark.parametrize("provider", ["workbook", "attention-free"])
+@pytest.mark.parametrize("provider", ["workbook", "cudnn-compiled", "attention-free"])
 def test_a_row_says_what_paces_the_step(provider):
     size = bench_train.Size("t", 2, 256, 64, 2, 4, 2, head_dim=16, vocab=64, window=32)
     r = bench_train.run_one(size, provider, warmup=2, steps=3)

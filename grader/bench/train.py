@@ -13,6 +13,9 @@ trains the same initial weights on the same batches:
     flex-compiled       FlexAttention with block masks, sinks through its lse, model compiled
     sdpa-floor          SDPA (is_causal on every layer: no window, no sinks), model compiled;
                         not the same model, a floor for what a fused kernel costs
+    cudnn-compiled      SDPA's cuDNN backend, called as its aten op (is_causal on every layer: no
+                        window, no sinks; K/V heads repeated to the query heads), model compiled:
+                        what a Hopper user would pick where sinks are not needed; not the same model
     attention-free      attention's output replaced by its query (o = q), model compiled: the
                         step without attention (and without the key/value projection that only
                         attention reads), so its speed over flex-compiled bounds what any
@@ -43,7 +46,7 @@ from torch import nn
 
 from kernels import runtime
 
-PROVIDERS = ("workbook", "workbook-compiled", "flex-compiled", "sdpa-floor", "attention-free")
+PROVIDERS = ("workbook", "workbook-compiled", "flex-compiled", "cudnn-compiled", "sdpa-floor", "attention-free")
 SAME_MODEL = ("workbook", "workbook-compiled", "flex-compiled")     # their loss curves must agree
 LOSS_RTOL = 0.02                 # bfloat16 training drifts; 2% of the loss at each step is agreement
 
@@ -190,6 +193,16 @@ def _sdpa_attend(q, k, v, layer):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
 
 
+def _cudnn_attend(q, k, v, layer):
+    """SDPA's cuDNN kernels by their aten op, so no backend choice can fall back to another kernel
+    unseen; cuDNN takes as many K/V heads as query heads, so each K/V head is repeated."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))                         # (B, H, N, D)
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))               # (B, Hq, N, D)
+    o = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False)[0]
+    return o.transpose(1, 2)
+
+
 def _free_attend(q, k, v, layer):
     return q
 
@@ -197,6 +210,7 @@ def _free_attend(q, k, v, layer):
 def _model(size: Size, provider: str, device):
     attend = (_workbook_attend() if provider.startswith("workbook") else
               _flex_attend(size, device) if provider == "flex-compiled" else
+              _cudnn_attend if provider == "cudnn-compiled" else
               _free_attend if provider == "attention-free" else _sdpa_attend)
     torch.manual_seed(0)                                                     # the same weights for every provider
     model = Decoder(size, attend).to(device)
@@ -251,12 +265,13 @@ def run_one(size: Size, provider: str, *, warmup: int, steps: int) -> dict:
 
 
 PACE_STEPS = 3                   # steps of each kind that _what_paces times (on the first timed steps' batches again)
-ATTENTION_KERNELS = ("flash", "_bwd_", "flex_attention", "attention")     # in a GPU kernel's name
+ATTENTION_KERNELS = ("flash", "_bwd_", "flex_attention", "attention", "sdpa")     # in a GPU kernel's name
 
 
 def is_attention_kernel(name: str) -> bool:
     """Whether a GPU kernel of a step is attention's: the workbook's (stage 9's forward and backward),
-    FlexAttention's generated ones and SDPA's FlashAttention kernels all carry one of these words."""
+    FlexAttention's generated ones, SDPA's FlashAttention kernels and cuDNN's fused attention
+    (``cudnn_generated_fort_native_sdpa_...``) all carry one of these words."""
     return any(word in name for word in ATTENTION_KERNELS)
 
 
@@ -309,6 +324,12 @@ def agreement(rows: list[dict]) -> dict[str, float]:
     return gaps
 
 
+def _same_model(rows: list[dict], size: str) -> list[str]:
+    """The providers of ``SAME_MODEL`` that ran at ``size``: those whose loss curves were compared."""
+    ran = {r["provider"] for r in rows if r["size"] == size}
+    return [p for p in SAME_MODEL if p in ran]
+
+
 def _vs_flex(rows: list[dict], r: dict, key: str = "step_ms") -> str:
     """Row ``r``'s speed relative to FlexAttention's compiled model at its size ("1.05x"), or "-";
     by its step time, or by another time ``key`` (``kernel_ms``) where both rows have it."""
@@ -333,7 +354,7 @@ def table(rows: list[dict], gaps: dict[str, float]) -> str:
                      f"{r['peak_mib']:>9} {ratio:>8} {r['losses'][0]:>10.3f} {r['losses'][-1]:>9.3f}")
     for size, gap in sorted(gaps.items()):
         verdict = "agree" if gap <= LOSS_RTOL else "DISAGREE"
-        lines.append(f"{size}: loss curves of {', '.join(SAME_MODEL)} {verdict} "
+        lines.append(f"{size}: loss curves of {', '.join(_same_model(rows, size))} {verdict} "
                      f"(largest relative gap {gap:.2%}, limit {LOSS_RTOL:.0%})")
     return "\n".join(lines)
 
@@ -369,10 +390,11 @@ def markdown(doc: dict, source: str) -> str:
         out += [f"- {r['size']}: {ratio}" + (f" in step time, {kernels} in kernel time" if kernels != "-" else "")
                 for r, ratio, kernels in free]
     limit = doc.get("loss_rtol", LOSS_RTOL)
-    out += ["", f"Loss curves of {', '.join(SAME_MODEL)}, which train one model, agree when no step's losses "
-                f"differ by more than {limit:.0%}:", ""]
+    out += ["", f"Loss curves of the providers that train one model ({', '.join(SAME_MODEL)}) agree when no "
+                f"step's losses differ by more than {limit:.0%}:", ""]
     for size, gap in sorted(gaps.items()):
-        out.append(f"- {size}: {'agree' if gap <= limit else 'DISAGREE'} (largest relative gap {gap:.2%})")
+        out.append(f"- {size}: {', '.join(_same_model(rows, size))} {'agree' if gap <= limit else 'DISAGREE'} "
+                   f"(largest relative gap {gap:.2%})")
     return "\n".join(out) + "\n"
 
 
