@@ -88,6 +88,17 @@ HEAD_DIMS = s9.HEAD_DIMS
 _plans: dict[tuple, dict] = {}
 
 
+def _cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` in plain integers: Triton's own goes through its constexpr machinery, a few
+    microseconds of host time a call, and a call launches up to four kernels."""
+    return -(-a // b)
+
+
+def _pow2(d: int) -> int:
+    """``triton.next_power_of_2`` of a head dim (16 ... 256), in plain integers."""
+    return 1 << (d - 1).bit_length()
+
+
 def _tile(config) -> dict:
     """A ``triton.Config`` (or a table row) as the meta-parameters a bare kernel takes."""
     if isinstance(config, tuple):
@@ -126,7 +137,7 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
     key = ((b, hq, hkv, nq, nk, d), dtype, device, causal, window, sink_tokens, has_sinks)
     plan = _plans.get(key)
     if plan is None:
-        pad = triton.next_power_of_2(d)
+        pad = _pow2(d)
         if runtime.ON_GPU and nq * nk >= tuning.TUNE_FROM:
             plan = _tuned(key)
         else:
@@ -246,46 +257,47 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     tile = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)["forward"]
     o, lse = _forward_outputs(q, bnhd)
-    launch(s9.flash_forward_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"]), b * hq)](
+    launch(s9.flash_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, o, lse, sinks if sinks is not None else lse, lse,          # lse stands in for unused pointers
         *q_strides, *k_strides, *_bhnd(v, bnhd)[1], *_bhnd(o, bnhd)[1],
         hq, hq // hkv, nq, nk, d, window, sink_tokens, scale * s9.LOG2E,
         CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SINKS=sinks is not None, COUNT_VISITS=False,
-        HEAD_DIM_PAD=triton.next_power_of_2(d), **tile)
+        HEAD_DIM_PAD=_pow2(d), **tile)
     return o, lse
 
 
 def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens: int, scale: float,
-              launch=_direct, bnhd: bool = False):
-    """``(dq, dk, dv, dsinks)``, each like its input; dsinks float32 (Hq,), None without sinks."""
+              launch=_direct, bnhd: bool = False, dsinks_wanted: bool = True):
+    """``(dq, dk, dv, dsinks)``, each like its input; dsinks float32 (Hq,), None without sinks or
+    when not ``dsinks_wanted`` (its reduction is a launch of its own, skipped when nobody asks)."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
     plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
-    pad = triton.next_power_of_2(d)
+    pad = _pow2(d)
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=pad, COUNT_VISITS=False)
 
     # 1. delta = rowsum(dO * O) per query row, and each query block's share of dsinks.
     pre_m = s9.PREPROCESS_BLOCK_M
     delta = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)       # (B, Hq, Nq)
-    dsinks_part = torch.empty(b, hq, triton.cdiv(nq, pre_m), device=q.device, dtype=torch.float32)
-    launch(s9.bwd_preprocess_kernel)[(triton.cdiv(nq, pre_m), b * hq)](
+    dsinks_part = torch.empty(b, hq, _cdiv(nq, pre_m), device=q.device, dtype=torch.float32)
+    launch(s9.bwd_preprocess_kernel)[(_cdiv(nq, pre_m), b * hq)](
         o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
         *o_strides, *do_strides, hq, nq, d,
         BLOCK_M=pre_m, HEAD_DIM_PAD=pad, HAS_SINKS=sinks is not None)
-    dsinks = dsinks_part.sum(dim=(0, 2)) if sinks is not None else None
+    dsinks = dsinks_part.sum(dim=(0, 2)) if sinks is not None and dsinks_wanted else None
 
     # 2. dK and dV: one program per (key block, batch x KV head).
     dq, dk, dv = _backward_outputs(q, k, v)
     tile = plan["dkdv"]
-    launch(s9.bwd_dkdv_kernel.fn)[(triton.cdiv(nk, tile["BLOCK_N"]), b * hkv)](
+    launch(s9.bwd_dkdv_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
         q, k, v, do, dk, dv, lse, delta, delta,
         *q_strides, *k_strides, *v_strides, *do_strides, *_bhnd(dk, bnhd)[1], *_bhnd(dv, bnhd)[1],
         hq, hkv, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
 
     # 3. dQ: one program per (query block, batch x query head).
     tile = plan["dq"]
-    launch(s9.bwd_dq_kernel.fn)[(triton.cdiv(nq, tile["BLOCK_M"]), b * hq)](
+    launch(s9.bwd_dq_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, do, dq, lse, delta, delta,
         *q_strides, *k_strides, *v_strides, *do_strides, *_bhnd(dq, bnhd)[1],
         hq, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
@@ -361,7 +373,7 @@ class _EagerAttention(torch.autograd.Function):
         q, k, v, o, lse, sinks = ctx.saved_tensors
         key = (ctx.key, _call_key(do))
         dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, *ctx.options, launch=_launcher(key),
-                                       bnhd=ctx.bnhd)
+                                       bnhd=ctx.bnhd, dsinks_wanted=ctx.needs_input_grad[3])
         return dq, dk, dv, dsinks, None, None, None, None, None
 
 
@@ -471,7 +483,12 @@ def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, e
         window_arg, scale_arg = checked
     bnhd = layout == "bnhd"
     if not torch.compiler.is_compiling() and type(q) is torch.Tensor and _current_mode() is None:
-        return _EagerAttention.apply(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg, bnhd)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (sinks is not None and sinks.requires_grad)):
+            return _EagerAttention.apply(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg, bnhd)
+        options = (is_causal, window_arg, sink_tokens, scale_arg)     # nothing to differentiate: no autograd node
+        key = (_call_key(q, k, v, sinks), options, bnhd)
+        return _forward(q, k, v, sinks, *options, launch=_launcher(key), bnhd=bnhd)[0]
     if bnhd:                                            # compiling, fake tensors, a dispatch mode: the op
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, H, N, D) views
     o, _ = attention_forward(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg)
@@ -508,7 +525,14 @@ def host_overhead(*, calls: int = 2000, batch=1, heads=8, kv_heads=2, n=128, hea
                heads, heads // kv_heads, n, n, head_dim, 64, 0, 0.125 * s9.LOG2E, CAUSAL=True, HAS_WINDOW=True,
                HAS_SINKS=True, COUNT_VISITS=False, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), **tile)
 
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                return fn()
+        return run
+
     cases = {"attention forward": lambda: ours(),
+             "attention forward, no_grad": no_grad(ours),
              "attention forward+backward": lambda: torch.autograd.grad(ours(), (q, k, v, sinks), do),
              "op forward (dispatcher)": lambda: attention_forward(qb, kb, vb, sinks, True, 64, 0, 0.125),
              "forward kernel launch": launch_only,
@@ -517,6 +541,7 @@ def host_overhead(*, calls: int = 2000, batch=1, heads=8, kv_heads=2, n=128, hea
              # PyTorch's own fused attention (no window, no sinks) at the same size: the host time
              # an op that autograd calls costs PyTorch itself
              "SDPA forward": lambda: sdpa(),
+             "SDPA forward, no_grad": no_grad(sdpa),
              "SDPA forward+backward": lambda: torch.autograd.grad(sdpa(), (qt, kt, vt), dot)}
     result = {}
     for name, fn in cases.items():

@@ -356,3 +356,41 @@ def test_cuda_graphs(op):
     assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
     for i, (a, b) in enumerate(zip(got, eager)):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"tensor {i}: {m}")
+
+
+def test_host_integer_helpers_agree_with_triton(op):
+    import triton
+    for a in range(1, 300, 7):
+        for b in (16, 32, 64, 128):
+            assert op._cdiv(a, b) == triton.cdiv(a, b)
+    for d in range(1, 257):
+        assert op._pow2(d) == triton.next_power_of_2(d)
+
+
+def test_a_call_with_nothing_to_differentiate_makes_no_autograd_node(op):
+    """Under no_grad, or with no input that requires grad, attention() launches the forward directly:
+    the same bits as the differentiable call, and no backward node is recorded."""
+    q, k, v = _qkv(1, 4, 2, 33, 40, 16, layout="bnhd", grad=True, seed=11)
+    sinks = torch.randn(4, device=DEVICE, requires_grad=True)
+    opts = dict(is_causal=True, window=9, sinks=sinks, enable_gqa=True, layout="bnhd")
+    with_grad = op.attention(q, k, v, **opts)
+    with torch.no_grad():
+        plain = op.attention(q, k, v, **opts)
+    detached = op.attention(q.detach(), k.detach(), v.detach(), **{**opts, "sinks": sinks.detach()})
+    assert with_grad.grad_fn is not None and plain.grad_fn is None and detached.grad_fn is None
+    assert torch.equal(with_grad.detach(), plain) and torch.equal(plain, detached)
+    assert plain.shape == q.shape and plain.stride() == q.stride()
+
+
+def test_gradients_without_the_sinks_gradient_are_the_same(op):
+    """Learned sinks that need no gradient skip d(sinks)'s reduction; dq, dk and dv are unchanged."""
+    q, k, v = _qkv(1, 4, 2, 40, 40, 16, layout="bhnd", grad=True, seed=12)
+    sinks = torch.randn(4, device=DEVICE)
+    do = torch.randn_like(q)
+    frozen = torch.autograd.grad(op.attention(q, k, v, is_causal=True, sinks=sinks, enable_gqa=True), (q, k, v), do)
+    learned = sinks.clone().requires_grad_(True)
+    full = torch.autograd.grad(op.attention(q, k, v, is_causal=True, sinks=learned, enable_gqa=True),
+                               (q, k, v, learned), do)
+    for name, a, b in zip(("dq", "dk", "dv"), frozen, full):
+        assert torch.equal(a, b), name
+    assert full[3].shape == (4,) and torch.isfinite(full[3]).all()
