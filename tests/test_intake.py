@@ -109,3 +109,34 @@ def test_gradescope_grades_a_workbook_with_a_malformed_edition_json(autograder, 
     assert run.returncode == 0 and results is not None, run.stderr
     assert results["score"] == 0 and results["tests"][0]["name"] == "stage1: not started"
     assert "edition.json is not one an edition writes" in results["output"]
+
+
+def _no_setpriv(folder: Path) -> str:
+    """A PATH with what run_autograder runs but not setpriv: isolation 'user' cannot work there."""
+    folder.mkdir()
+    for tool in ("mkdir", "rm"):
+        (folder / tool).symlink_to(subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True,
+                                                  text=True, check=True).stdout.strip())
+    return str(folder)
+
+
+def test_a_grader_failure_on_gradescope_is_no_score(autograder, tmp_path):
+    submission = mutants.copy_solution(STAGE1, tmp_path / "sub")
+    path = _no_setpriv(tmp_path / "bin")
+    run, results = _run_autograder(autograder, submission, PATH=path, WORKBOOK_ISOLATION="user")
+    assert run.returncode != 0, "a grader failure must fail the autograder's run"
+    assert results is not None and "score" not in results and "tests" not in results, results
+    assert results["output"].startswith("The autograder failed") and "not your score" in results["output"]
+    assert "isolation 'user' is not available" in results["output"] and results["extra_data"]["autograder_failed"]
+    # A grader that stops before it writes anything (an error of its own, here a limit it cannot read, or
+    # no Python at all) is the same failure, said by the script.
+    for env, status in (({"WORKBOOK_STAGE_TIMEOUT": "abc"}, 1), ({"PYTHON": str(tmp_path / "no-python")}, 127)):
+        run, results = _run_autograder(autograder, submission, **env)
+        assert run.returncode == status and results is not None and "score" not in results, (env, results)
+        assert results["output"].startswith("The autograder failed") and f"exit status {status}" in results["output"]
+    # What a batch runs gets no result either, so its record says the grading failed (and is retried).
+    done = subprocess.run([sys.executable, "-m", "grader", "stage1", "--submission", str(submission), "--format",
+                           "json", "--out", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PATH=path, WORKBOOK_ISOLATION="user"))
+    assert done.returncode == 3, done.stderr
+    assert set(json.loads((tmp_path / "r.json").read_text())) == {"error"}
