@@ -140,3 +140,28 @@ def test_a_grader_failure_on_gradescope_is_no_score(autograder, tmp_path):
                           timeout=300, env=dict(os.environ, PATH=path, WORKBOOK_ISOLATION="user"))
     assert done.returncode == 3, done.stderr
     assert set(json.loads((tmp_path / "r.json").read_text())) == {"error"}
+
+
+# -- publishing into a working copy ---------------------------------------------------------------
+def test_publishing_into_a_working_copy_with_a_solved_hole(through3, tmp_path):  # noqa: F811
+    dest = _copy(through3, tmp_path / "edition")
+    solved = publish.strip_markers(expand_file(ROOT / "solutions" / f"{S2.module}.py"))   # the learner's answer
+    (dest / "stages" / f"{S2.module}.py").write_text(solved)
+    (dest / "published").mkdir()
+    (dest / "published" / f"{S1.name}.md").write_text("my own notes on stage 1\n")
+    publish.publish(dest, ["stage1"], log=quiet)
+    assert edition.read(dest)["published"] == ["stage1"]
+    assert (dest / "stages" / f"{S2.module}.py").read_text() == solved                    # theirs, untouched
+    assert (dest / "published" / f"{S1.name}.md").read_text() == "my own notes on stage 1\n"
+    assert (dest / "published" / f"{S1.name}.md.new").read_bytes() == \
+        (ROOT / "solutions" / "notes" / f"{S1.name}.md").read_bytes()
+    assert (dest / "published" / f"{S1.module}.py").exists()
+    # What the edition wrote is searched as before: a file it wrote (its SHA-256 in edition.json) that
+    # holds stage 3's answers, not published, is refused.
+    leak = publish.strip_markers(expand_file(ROOT / "solutions" / f"{S3.module}.py")).encode()
+    meta = json.loads((dest / "edition.json").read_text())
+    meta["files"]["tests/given.py"] = hashlib.sha256(leak).hexdigest()
+    (dest / "edition.json").write_text(json.dumps(meta))
+    (dest / "tests" / "given.py").write_bytes(leak)
+    with pytest.raises(publish.PublishError, match="tests/given.py: holds the answers of stage3"):
+        publish.publish(dest, ["stage2"], log=quiet)
