@@ -165,3 +165,135 @@ def test_publishing_into_a_working_copy_with_a_solved_hole(through3, tmp_path): 
     (dest / "tests" / "given.py").write_bytes(leak)
     with pytest.raises(publish.PublishError, match="tests/given.py: holds the answers of stage3"):
         publish.publish(dest, ["stage2"], log=quiet)
+
+
+# -- intake ---------------------------------------------------------------------------------------
+def test_a_learner_one_folder_down_is_graded(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    mutants.copy_solution(STAGE1, subs / "lee" / "myproject")                  # an export's folder around theirs
+    before = _listing(subs)
+    found = batch.learners(subs, out)
+    assert [p.name for p in found] == ["lee"] and batch.left_out(subs, out) == []
+    lee = found[0]
+    assert (lee / FILE).read_text() == SOLUTION and not lee.is_relative_to(subs)
+    assert _listing(subs) == before, "intake wrote next to the learner's files"
+    result = grade_stage(STAGE1, str(lee), only=[CHECK])
+    assert (result.status, result.score) == ("graded", 1), result
+
+
+def test_a_zip_is_extracted_into_the_batch_folder_and_graded(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    _zip(subs / "kim.zip", {"kim/": b"", f"kim/{FILE}": SOLUTION.encode(), "kim/notes.md": b"my notes\n",
+                            f"__MACOSX/kim/._{FILE}": b"\0\5\26\7"})
+    _zip(subs / "wb.zip", {f"wb-main/stages/{FILE}": SOLUTION.encode(), "wb-main/README.md": b"x"})  # a workbook
+    before = _listing(subs)
+    found = batch.learners(subs, out)
+    assert [p.name for p in found] == ["kim", "wb"] and batch.left_out(subs, out) == []
+    for learner in found:
+        assert learner.is_relative_to(out) and os.listdir(learner) == [FILE]
+        assert (learner / FILE).read_text() == SOLUTION
+    assert _listing(subs) == before, "intake wrote next to the learner's files"
+    assert batch.learners(subs, out) == found                                  # taken in again: the same
+    result = grade_stage(STAGE1, str(found[0]), only=[CHECK])
+    assert (result.status, result.score) == ("graded", 1), result
+
+
+def test_a_zipped_submission_is_dated_by_its_newest_member(tmp_path):
+    from grader import intake
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    _zip(subs / "kim.zip", {FILE: SOLUTION.encode()}, date=(2026, 3, 4, 5, 6, 8))
+    _zip(subs / "undated.zip", {FILE: SOLUTION.encode()}, date=(1980, 1, 1, 0, 0, 0))
+    os.utime(subs / "undated.zip", (1_700_000_000, 1_700_000_000))
+    kim, undated = batch.learners(subs, out)
+    local = time.mktime((2026, 3, 4, 5, 6, 8, 0, 0, -1))                       # a zip's dates are local time
+    assert intake.submitted(kim) == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(local))
+    assert intake.submitted(undated) == "2023-11-14T22:13:20Z"                # no date inside: the zip's own
+    assert calendar.timegm(time.strptime(intake.submitted(kim, [STAGE1]), "%Y-%m-%dT%H:%M:%SZ")) == local
+    (subs / "empty").mkdir()
+    assert intake.submitted(subs / "empty") is None
+
+
+def _member(name: str, data: bytes, *, mode: int) -> tuple[zipfile.ZipInfo, bytes]:
+    info = zipfile.ZipInfo(name)
+    info.external_attr = mode << 16
+    return info, data
+
+
+def _patched_zip(path: Path, offset: int, fmt: str, value: int) -> Path:
+    """A zip of the solution whose central directory entry says ``value`` at ``offset`` (zipfile would
+    not write it so): 8 is the flags (bit 0: encrypted), 24 the size the member unpacks to."""
+    _zip(path, {FILE: SOLUTION.encode()})
+    data = bytearray(path.read_bytes())
+    at = data.index(b"PK\x01\x02") + offset
+    data[at:at + struct.calcsize(fmt)] = struct.pack(fmt, value)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _refused(subs: Path, kind: str) -> str:
+    if kind == "dotdot":
+        _zip(subs / "eve.zip", {FILE: SOLUTION.encode(), "../escaped.py": b"print('out')\n"})
+        return "'..'"
+    if kind == "absolute":
+        _zip(subs / "eve.zip", {FILE: SOLUTION.encode(), "/tmp/escaped.py": b"print('out')\n"})
+        return "absolute path"
+    special = {"link": (stat.S_IFLNK | 0o777, str(ROOT / "solutions" / FILE), "is a symbolic link"),
+               "fifo": (stat.S_IFIFO | 0o644, "", "is a FIFO")}
+    if kind in special:
+        mode, data, why = special[kind]
+        subs.mkdir(parents=True)
+        with zipfile.ZipFile(subs / "eve.zip", "w") as z:
+            z.writestr(*_member(FILE, data.encode(), mode=mode))
+        return why
+    if kind == "encrypted":
+        _patched_zip(subs / "eve.zip", 8, "<H", 0x1)
+        return "is encrypted"
+    if kind == "too large":                                    # what a zip bomb's directory says
+        _patched_zip(subs / "eve.zip", 24, "<I", 3 << 30)
+        return "unpacks to 3221225472 bytes"
+    subs.mkdir(parents=True)
+    with zipfile.ZipFile(subs / "eve.zip", "w") as z:
+        for n in range(20_001):
+            z.writestr(f"f{n}", b"")
+    return "20001 members"
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "link", "fifo", "encrypted", "too large", "too many members"])
+def test_an_unsafe_zip_is_refused_with_the_reason(tmp_path, kind):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    why = _refused(subs, kind)
+    before = _listing(tmp_path)
+    assert batch.learners(subs, out) == []
+    (line,) = batch.left_out(subs, out)
+    assert line.startswith("eve.zip (") and why in line, line
+    assert _listing(tmp_path) == before, "a refused zip left something behind"
+    assert not Path("/tmp/escaped.py").exists() and not (tmp_path / "escaped.py").exists()
+
+
+def test_what_intake_cannot_place_is_left_out_with_the_reason(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    mutants.copy_solution(STAGE1, subs / "two" / "a")
+    mutants.copy_solution(STAGE1, subs / "two" / "b")
+    mutants.copy_solution(STAGE1, subs / "deep" / "x" / "y")
+    mutants.copy_solution(STAGE1, subs / "both" / "w")
+    mutants.copy_solution(STAGE1, subs / "both" / "w" / "stages")
+    mutants.copy_solution(STAGE1, subs / "ada")
+    _zip(subs / "ada.zip", {FILE: SOLUTION.encode()})
+    (subs / "lnk" / "p").mkdir(parents=True)
+    (subs / "lnk" / "p" / FILE).symlink_to(ROOT / "solutions" / FILE)
+    code = SOLUTION.encode()
+    _zip(subs / "ztwo.zip", {f"a/{FILE}": code, f"b/stages/{FILE}": code})
+    _zip(subs / "zdeep.zip", {f"a/b/{FILE}": code})
+    _zip(subs / "zboth.zip", {FILE: code, f"stages/{FILE}": code})
+    (subs / "notes.txt").write_text("not a submission\n")
+    assert [p.name for p in batch.learners(subs, out)] == ["ada"]
+    why = dict(line.split(" (", 1) for line in batch.left_out(subs, out))
+    assert set(why) == {"two", "deep", "both", "lnk", "ada.zip", "notes.txt", "ztwo.zip", "zdeep.zip", "zboth.zip"}
+    assert "is a symbolic link" in why["lnk"] and not (out / "intake" / "lnk").exists()
+    assert "more than one folder of the zip: a/, b/" in why["ztwo.zip"]
+    assert f"too deep, at a/b/{FILE}" in why["zdeep.zip"] and f"two copies of {FILE}" in why["zboth.zip"]
+    assert "more than one folder" in why["two"] and "a/, b/" in why["two"]
+    assert "too deep" in why["deep"] and f"x/y/{FILE}" in why["deep"]
+    assert f"two copies of {FILE}" in why["both"]
+    assert "ada/ is there too" in why["ada.zip"]
+    assert "not a .zip" in why["notes.txt"]
