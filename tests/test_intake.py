@@ -1,8 +1,11 @@
-"""Submissions as an LMS exports them, grader failures that are never a learner's zero, and
-publishing into a learner's working copy.
+"""Submissions as an LMS exports them, a learner's edition.json of any shape, grader failures that
+are never a learner's zero, and publishing into a learner's working copy.
 
-Intake: a learner's files one folder down, or in a zip, are graded; a zip with a link, an absolute
-path, a ``..`` or too much in it is refused with the reason, and nothing of it is written anywhere.
+- A malformed edition.json in a whole-workbook submission is a note, in a batch and on Gradescope.
+- A grader that cannot grade fails Gradescope's run and gives no score; a batch gets no result.
+- Publishing into a working copy keeps the learner's solved holes and never refuses for them.
+- Intake: a learner's files one folder down, or in a zip, are graded; a zip with a link, an absolute
+  path, a ``..`` or too much in it is refused with the reason, and nothing of it is written anywhere.
 """
 
 from __future__ import annotations
