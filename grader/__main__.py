@@ -154,7 +154,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("batch", help="grade a class of submissions: a gradebook and each learner's results",
                        describe=_doc("grader.batch"))
-    p.add_argument("submissions", help="a folder with one folder per learner")
+    p.add_argument("submissions", help="a folder with one folder (or .zip) per learner")
     p.add_argument("--stages", required=True, help="stages to grade, comma-separated: stage5,stage6")
     p.add_argument("--out", required=True, help="where the gradebook and results go")
     p.add_argument("--jobs", type=int, help="gradings at once (default: the machine's cores)")

@@ -1,7 +1,8 @@
 """``python -m grader batch SUBMISSIONS --stages stage5,stage6 --out OUT``: grade a class.
 
 Each folder in SUBMISSIONS is one learner: their stage files, or a whole copy of the workbook
-(its ``stages/`` is used).  Each (learner, stage) is graded by a fresh
+(its ``stages/`` is used), there or one folder down; so is each zip of those (``kim.zip``), which
+grader/intake.py checks and extracts into OUT/intake/.  Each (learner, stage) is graded by a fresh
 
     python -m grader stageN --submission SUBMISSIONS/<learner> --format json
 
@@ -21,8 +22,8 @@ A batch that is interrupted resumes: a (learner, stage) whose record exists and 
 the same stage files (their SHA-256 is in it) is not graded again, unless its grading failed for
 the grader's own reasons (an "error" record).  Every file is written to a temporary name and
 renamed, so none is ever half-written; the gradebook is rewritten, whole, each time a grading
-finishes.  Folders whose names start with a dot, and anything in SUBMISSIONS that is not a plain
-folder, are listed and left out.
+finishes.  Entries whose names start with a dot, anything in SUBMISSIONS that is neither a plain
+folder nor a zip, and what intake refuses are listed, with why, and left out.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from grader import files, formats, sandbox, stages
+from grader import files, formats, intake, sandbox, stages
 from grader.grade import CheckResult, StageResult, submission_folder
 from grader.limits import Limits
 from kernels.loader import ROOT
@@ -51,20 +52,15 @@ _GRACE = 120.0  # seconds a grading process may take beyond its stage's limit (s
 
 
 def learners(submissions: Path, out: Path) -> list[Path]:
-    """One plain folder per learner: not hidden folders, links or files, nor the output if it is there."""
-    return sorted(p for p in submissions.iterdir()
-                  if files.plain_folder(p) and not p.name.startswith(".") and p.resolve() != out)
+    """The folder to grade of each learner, in their names' order: their own folder, or where
+    grader/intake.py took a nested folder or a zip in (``out/intake/<learner>``); each path's name is
+    the learner's.  Hidden entries, links, other files and the output, if it is there, are not learners."""
+    return [e.folder for e in intake.survey(submissions, out) if e.folder is not None]
 
 
 def left_out(submissions: Path, out: Path) -> list[str]:
     """What ``learners`` leaves out, with why (said once at the start of a batch, never silently)."""
-    found = []
-    for p in sorted(submissions.iterdir()):
-        if p.resolve() == out or (files.plain_folder(p) and not p.name.startswith(".")):
-            continue
-        why = "a hidden folder" if files.plain_folder(p) else files.kind(os.lstat(p).st_mode)
-        found.append(f"{p.name} ({why})")
-    return found
+    return [f"{e.source.name} ({e.problem})" for e in intake.survey(submissions, out) if e.folder is None]
 
 
 def digest(folder: Path, stage) -> str:

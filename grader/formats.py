@@ -85,3 +85,15 @@ def gradescope(graded: list[tuple[Stage, StageResult]], notes: list[str] = ()) -
             "output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
             "tests": tests, "extra_data": {"stages": [s.name for s, _ in graded], "seeds": seeds,
                                             "isolation": isolation}}
+
+
+def gradescope_failure(reason: str, notes: list[str] = ()) -> dict:
+    """Gradescope's results.json when the grader itself failed: an ``output`` that says so and why, and
+    neither a score nor tests, so that no grade comes of it (Gradescope takes the score from the top-level
+    ``score`` or from every test's)."""
+    reason = reason if len(reason) <= 2000 else reason[:2000] + " ..."
+    lines = ["The autograder failed, so this submission was not graded: this is not your score. "
+             "Your course staff can see what went wrong; submit again once they say it is fixed.",
+             f"What failed: {reason}", *notes]
+    return {"output": "\n".join(lines), "visibility": "visible", "stdout_visibility": "hidden",
+            "extra_data": {"autograder_failed": True, "reason": reason}}

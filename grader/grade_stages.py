@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 
 
 def main(stage_names: str, *, solutions: bool = False, submission: str | None = None, notebook: bool = False,
          only: list[str] | None = None, list_checks: bool = False, format: str = "table", out: str | None = None,
          sanitize: bool = False, compare: bool = False, limits: dict | None = None, jobs: int | None = None,
          argv: list[str] | None = None) -> int:
-    """Grade ``stage_names`` (``"stage3"`` or ``"stage5,stage6"``); 0 only when everything that ran passed.
+    """Grade ``stage_names`` (``"stage3"`` or ``"stage5,stage6"``); 0 only when everything that ran passed,
+    3 when the grader itself failed (no isolation mechanism, an error of its own): nothing was graded.
 
     ``solutions``: grade solutions/ instead of stages/; ``submission``: the stage files in that folder (or
     its stages/); ``only``: these checks; ``list_checks``: list the checks and run nothing; ``format``:
@@ -58,7 +60,7 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
     jobs = jobs or default_jobs()
     limits = Limits.from_env(jobs=jobs, **(limits or {}))
     table = format == "table"
-    graded = []
+    graded, failed = [], ""
     for stage in chosen:
         if submission:
             source = str(submission_folder(submission, stage))
@@ -66,7 +68,16 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
             source = "solutions" if solutions else "stages"
         print(f"grading {stage.name} ({source}/{stage.module}.py) ...", file=sys.stdout if table else sys.stderr,
               flush=True)
-        result = grade_stage(stage, source, only=only, limits=limits, jobs=jobs)
+        try:
+            result = grade_stage(stage, source, only=only, limits=limits, jobs=jobs)
+        except Exception as exc:  # noqa: BLE001 - the grader's own failure: reported as one, never as a score
+            if table:
+                raise
+            traceback.print_exc()
+            failed = f"grading {stage.name} stopped on an error of the grader's: {type(exc).__name__}: {exc}"
+            break
+        if result.status == "not graded":         # the grader could not run the checks (no isolation)
+            failed = failed or f"{stage.name} was not graded: {result.results[0].message if result.results else ''}"
         if table:
             print_result(stage, result)
         if compare:
@@ -75,16 +86,24 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
             print("\n" + side_by_side(stage, result, source_dir(source)), flush=True)
         graded.append((stage, result))
     ok = all(result.ok for _, result in graded)
+    if failed:
+        print(f"the grader failed, so nothing was graded: {failed}", file=sys.stderr, flush=True)
     if not table:
         from grader import formats
         from grader.publishing import edition
         notes = [f"Graded by {edition.describe()}."] + edition.version_notes(submission)
-        data = formats.gradescope(graded, notes) if format == "gradescope" else formats.detail(graded)
+        if failed:     # no score, and for a batch no result: its record says the grading failed, and it retries
+            data = (formats.gradescope_failure(failed, [f"The grader: {edition.describe()}."])
+                    if format == "gradescope" else {"error": failed})
+        else:
+            data = formats.gradescope(graded, notes) if format == "gradescope" else formats.detail(graded)
         text = json.dumps(data, indent=1) + "\n"
         if out:
             formats.write_atomic(out, text)
         else:
             sys.stdout.write(text)
+    if failed:
+        return 3
     if notebook:
         from grader.notebook import run_notebook
         for stage, result in graded:

@@ -62,12 +62,14 @@ def source_version(root: Path = ROOT) -> dict:
 
 
 def read(folder: Path = ROOT) -> dict | None:
-    """The edition.json of ``folder``, or None where there is none (the instructor's repository)."""
+    """The edition.json of ``folder``, or None where there is none (the instructor's repository) or
+    where it is not an edition's (not a JSON object)."""
     try:
         data = files.read_plain(Path(folder) / MANIFEST)
-        return json.loads(data) if data is not None else None
-    except (files.UnsafeFile, ValueError):
+        meta = json.loads(data) if data is not None else None
+    except (files.UnsafeFile, ValueError, RecursionError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def describe(folder: Path = ROOT) -> str:
@@ -83,15 +85,34 @@ def describe(folder: Path = ROOT) -> str:
 
 
 def version_notes(submission: str | None, folder: Path = ROOT) -> list[str]:
-    """A line for a learner whose copy is another edition than the grader's (a whole workbook handed in)."""
+    """A line for a learner whose copy is another edition than the grader's (a whole workbook handed in),
+    or whose edition.json is not an edition's: the learner's file, so any bytes at all, never an error."""
     if not submission:
         return []
-    theirs = read(Path(submission))
+    path = Path(submission) / MANIFEST
+    try:
+        data = files.read_plain(path, limit=_MANIFEST_LIMIT)
+    except files.UnsafeFile:
+        data = b""
+    if data is None:
+        return []
+    try:
+        theirs = json.loads(data)
+    except (ValueError, RecursionError):
+        theirs = None
+    version = theirs.get("version") if isinstance(theirs, dict) else None
+    if not isinstance(version, str) or not 0 < len(version) <= 100:
+        return [f"Your copy's {MANIFEST} is not one an edition writes (a JSON object with a \"version\", at most "
+                f"{_MANIFEST_LIMIT >> 20} MiB), so the grader cannot tell which edition your copy is; your stage files "
+                f"were graded all the same. Take {MANIFEST} back from the edition you were given."]
     mine = read(folder) or source_version(folder)
-    if theirs and theirs.get("version") != mine.get("version"):
-        return [f"Your copy is edition {theirs.get('version')}; this grader is {mine.get('version')}: if a check "
+    if version != mine.get("version"):
+        return [f"Your copy is edition {version}; this grader is {mine.get('version')}: if a check "
                 "surprises you, update your copy (python -m grader update --from <the new edition>)."]
     return []
+
+
+_MANIFEST_LIMIT = 1 << 20      # an edition.json lists a few hundred files: tens of kilobytes
 
 
 # -- writing an edition ---------------------------------------------------------------------------

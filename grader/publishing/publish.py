@@ -13,11 +13,17 @@ It refuses, and writes nothing, where the result would give away a stage that is
 whose solution holds (as given code) the answers of a stage that is neither published nor shipped
 as given code, or anything the edition audit refuses.  A stage beyond the edition's ``--through``
 may be published (a worked example, say) as long as it gives nothing else away.
+
+A learner's working copy takes a publication as it takes an update (grader/publishing/update.py):
+a file the learner changed keeps its content and the published version is written beside it as
+``<name>.new``.  What the learner wrote is theirs: it is neither searched nor a reason to refuse,
+though a solved hole holds the answers of its stage.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 import sys
@@ -144,7 +150,7 @@ def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
                                f"{', '.join(f'stage{n}' for n in reveals)}, which this edition has neither "
                                "published nor shipped: publish those too, or first")
         new.update(files_of(stage))
-    contents = dict(edition.on_disk(dest, meta), **new)
+    contents = dict(as_written(dest, meta), **new)
     problems = edition.audit(contents, allowed, keys)
     if problems:
         raise PublishError("publishing would give away what it must not, so nothing was written:\n  "
@@ -155,6 +161,15 @@ def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
     changes = edition.write(dest, new, meta, log=log, remove_missing=False)
     log(f"published {', '.join(s.name for s in chosen)} in {dest} ({len(changes)} file(s) written)")
     return changes
+
+
+def as_written(dest: Path, meta: dict) -> dict[str, bytes]:
+    """The edition's files in ``dest`` that are still as the edition wrote them (and the ``.new`` versions
+    beside those a learner changed): what publishing adds to, and what the audit searches.  A file the
+    learner changed is their own work, which may well hold the answers of a stage not yet published."""
+    recorded = meta.get("files", {})
+    return {rel: data for rel, data in edition.on_disk(dest, meta).items()
+            if hashlib.sha256(data).hexdigest() == recorded.get(rel.removesuffix(edition.NEW))}
 
 
 def main(stage_names: str, *, to: str) -> int:
