@@ -1,0 +1,48 @@
+"""A learner's first hour: what the grader, --compare and the notebooks show before and while they write code.
+
+Each test here pins down one thing a learner met and should not have: a point for code they had not
+written, a hole that does not exist, a message that names the grader's file instead of theirs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from grader import holes, stages
+from grader.grade import CheckResult, StageResult
+from grader.publishing import compare, publish, release
+from kernels.includes import expand_file
+from kernels.loader import ROOT
+
+needs_solutions = pytest.mark.skipif(not (ROOT / "solutions").is_dir(), reason="this copy has no solutions/")
+
+
+# -- --compare: the holes it shows are the holes the learner has ---------------------------------
+
+@needs_solutions
+@pytest.mark.parametrize("name", [n for s in stages.STAGES for n in s.files()])
+def test_published_holes_are_the_released_holes(name):
+    """--compare's holes (publish.holes) and the grader's (holes.unfilled_in) agree, label by label: a
+    solution-only block such as a __main__ is no hole, whatever TODO comes before it."""
+    text = expand_file(ROOT / "solutions" / name)
+    shown = [h["todo"] for h in publish.holes(text)]
+    released = [label for label, _ in holes.unfilled_in(release.render(text, name), name)]
+    assert shown == released
+
+
+@needs_solutions
+def test_compare_finds_every_hole_of_a_file_as_released(tmp_path):
+    stage = stages.find("stage1")
+    for rel, data in publish.files_of(stage).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    learner = tmp_path / "stages"
+    learner.mkdir()
+    (learner / f"{stage.module}.py").write_text(release.render(expand_file(ROOT / "solutions" / f"{stage.module}.py"),
+                                                               f"{stage.module}.py"))
+    result = StageResult(stage.name, "stages", "graded", results=[
+        CheckResult("online_softmax_rows", 1, 0, "todo", calls=["online_softmax"])])
+    shown = compare.compare(stage, result, learner, root=tmp_path)
+    assert "could not find this hole" not in shown, shown
+    assert [line.split()[0] for line in shown.splitlines() if line.startswith("  TODO(")] == \
+        ["TODO(1a)", "TODO(1b)", "TODO(1c)", "TODO(1d)"]
