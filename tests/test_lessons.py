@@ -46,3 +46,22 @@ def test_compare_finds_every_hole_of_a_file_as_released(tmp_path):
     assert "could not find this hole" not in shown, shown
     assert [line.split()[0] for line in shown.splitlines() if line.startswith("  TODO(")] == \
         ["TODO(1a)", "TODO(1b)", "TODO(1c)", "TODO(1d)"]
+
+
+# -- stage 9: no point for given code ---------------------------------------------------------------
+
+@needs_solutions
+def test_stage9_checks_of_given_code_earn_nothing_before_the_backward_is_written(tmp_path):
+    """The released stage 9 file, started (TODO 9a written, say) but with TODO 9b-9d still empty: the
+    checks whose subject is given code (the kernels' loops, the autograd.Function) earn nothing."""
+    from grader.grade import grade_stage
+    stage = stages.find("stage9")
+    released = (ROOT / "stages" / f"{stage.module}.py").read_text()
+    assert [label for label, _ in holes.unfilled_in(released, f"{stage.module}.py")][1:4] == \
+        ["TODO(9b)", "TODO(9c)", "TODO(9d)"]
+    (tmp_path / f"{stage.module}.py").write_text(released + "\n# started: TODO 9b-9d are next\n")
+    result = grade_stage(stage, str(tmp_path), only=["backward_skips_blocks", "saves_nothing_quadratic"], jobs=1)
+    assert result.status == "graded"
+    got = {r.name: (r.earned, r.status) for r in result.results}
+    assert got == {"backward_skips_blocks": (0, "todo"), "saves_nothing_quadratic": (0, "todo")}, result.results
+    assert all("TODO(9b)" in r.message for r in result.results), [r.message for r in result.results]
