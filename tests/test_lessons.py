@@ -65,3 +65,33 @@ def test_stage9_checks_of_given_code_earn_nothing_before_the_backward_is_written
     got = {r.name: (r.earned, r.status) for r in result.results}
     assert got == {"backward_skips_blocks": (0, "todo"), "saves_nothing_quadratic": (0, "todo")}, result.results
     assert all("TODO(9b)" in r.message for r in result.results), [r.message for r in result.results]
+
+
+def _run_cells(notebook: str, until: str, source: str, monkeypatch) -> str:
+    """Run a notebook's code cells in this process, from its first after the Colab set-up through the
+    first one that holds ``until``, against ``source``'s stage files; return what they printed."""
+    import contextlib
+    import io
+    import json
+    import matplotlib
+    matplotlib.use("Agg")
+    monkeypatch.setenv("WORKBOOK_SOURCE", source)
+    cells = [c for c in json.loads((ROOT / "notebooks" / notebook).read_text())["cells"] if c["cell_type"] == "code"]
+    namespace: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for cell in cells[1:]:
+            code = "".join(cell["source"])
+            exec(compile("\n".join(ln for ln in code.splitlines() if not ln.startswith("%")), notebook, "exec"),
+                 namespace)
+            if until in code:
+                return out.getvalue()
+    raise AssertionError(f"{notebook} has no cell with {until!r}")
+
+
+@needs_solutions
+def test_notebook9_says_nothing_passed_about_tiles_before_the_kernels_are_written(monkeypatch):
+    printed = _run_cells("09_backward.ipynb", "def tiles_with_pairs", "stages", monkeypatch)
+    tiles = [line for line in printed.splitlines() if "tiles with a visible pair" in line]
+    assert len(tiles) == 4, printed
+    assert all("not written yet" in line and "TODO(9b)" in line for line in tiles), tiles
