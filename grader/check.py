@@ -137,6 +137,16 @@ class Ctx:
             self.margins.append((name, report.max_error / report.allowed))
 
     @property
+    def stage(self) -> str:
+        """The module of the stage whose code this check runs ("stage1_online_softmax")."""
+        return getattr(self.runner, "stage", "") or ""
+
+    def headline(self, found) -> str:
+        """A diagnosis as a message's first line: "likely cause, TODO(1c): ...", naming the hole it is in."""
+        from grader import diagnose
+        return diagnose.headline(found, self.stage, self.called)
+
+    @property
     def called(self) -> set[str]:
         """Names of the learner functions this check has called so far."""
         return set(self.learner._called)
@@ -182,7 +192,7 @@ class Ctx:
             from grader import diagnose
             found = diagnose.safely(explain, report.allowed)
             if found:
-                raise CheckFailed(f"likely cause: {found.message}\n{report.message}", found.cause, found.also)
+                raise CheckFailed(f"{self.headline(found)}\n{report.message}", found.cause, found.also)
         raise CheckFailed(report.message)
 
     def close_softmax(self, out, x, ref, baseline, *, name: str, block=None, dims=("r", "c"), extra=None) -> None:
@@ -195,7 +205,7 @@ class Ctx:
         found = diagnose.safely(diagnose.softmax, out, x, allowed=report.allowed, block=block)
         numbers = report.message + (f"; {extra(out)}" if extra else "")
         if found:
-            raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause)
+            raise CheckFailed(f"{self.headline(found)}\n{numbers}", found.cause)
         raise CheckFailed(numbers)
 
     def expect_dtype(self, out, dtype, *, name: str) -> None:
