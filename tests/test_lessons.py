@@ -224,3 +224,38 @@ def test_the_grader_names_the_hole_of_the_likely_cause(tmp_path):
     (r,) = grade_stage(stage, str(folder), only=["attention_matches_reference"], jobs=1).results
     assert r.status == "FAIL" and r.diagnosis == "acc_not_rescaled", r
     assert r.message.startswith("likely cause, TODO(1c): acc is not rescaled"), r.message
+
+
+# -- notebooks time the learner's kernel, never the instructors' ------------------------------------
+
+def _bench_calls(notebook: str):
+    """Each ``bench.run(...)`` call in a notebook's code cells: (its stage, the providers it would build)."""
+    import ast
+    import json
+    from grader import bench
+    found = []
+    for cell in json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]:
+        code = "\n".join(ln for ln in "".join(cell["source"]).splitlines() if not ln.lstrip().startswith(("%", "!")))
+        if cell["cell_type"] != "code" or "bench" not in code:
+            continue
+        tree = ast.parse(code)
+        names = {n.targets[0].id: n.value for n in ast.walk(tree)
+                 if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
+        for call in ast.walk(tree):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "bench.run":
+                stage = ast.literal_eval(call.args[0])
+                given = next((kw.value for kw in call.keywords if kw.arg == "providers"), None)
+                given = names.get(given.id, given) if isinstance(given, ast.Name) else given
+                providers = (eval(compile(ast.Expression(given), notebook, "eval"), {"bench": bench})
+                             if given is not None else bench.cases.PROVIDERS.get(stage, bench.cases.DEFAULT_PROVIDERS))
+                found.append((stage, list(providers)))
+    return found
+
+
+@pytest.mark.parametrize("notebook", sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+def test_a_notebooks_benchmark_builds_only_the_learners_kernel_and_pytorchs(notebook):
+    from grader import bench
+    for stage, providers in _bench_calls(notebook):
+        assert providers and set(providers) <= set(bench.cases.LEARNER_PROVIDERS), (notebook, stage, providers)
+    if notebook.startswith("04_"):
+        assert [stage for stage, _ in _bench_calls(notebook)] == ["stage4"]      # the call is found at all
