@@ -214,7 +214,7 @@ def _holes_verdict(check, runner: Runner, called: set[str], status: str, message
 
     A failure of any kind (a wrong answer from a kernel whose body is still ``pass``, the stub's
     NotImplementedError, a crash) is reported as the unfilled TODO it ran into, at the line it is
-    on now.  A validation check passes on the given wrapper alone, so it earns nothing until the
+    on now.  A validation (or ``given``) check passes on the given code alone, so it earns nothing until the
     functions it calls are written.
     """
     if status == "not run" or not called:
@@ -232,6 +232,9 @@ def _holes_verdict(check, runner: Runner, called: set[str], status: str, message
         fns = ", ".join(sorted(called))
         return "todo", (f"{holes.todo_message(found)}; this check of bad input counts once {fns} is written "
                         "(the given code refuses most bad input already)"), ""
+    if check.given:
+        return "todo", (f"{holes.todo_message(found)}; this check counts once that is written (the given code "
+                        "alone passes it)"), ""
     return status, message, hint
 
 

@@ -259,3 +259,22 @@ def test_a_notebooks_benchmark_builds_only_the_learners_kernel_and_pytorchs(note
         assert providers and set(providers) <= set(bench.cases.LEARNER_PROVIDERS), (notebook, stage, providers)
     if notebook.startswith("04_"):
         assert [stage for stage, _ in _bench_calls(notebook)] == ["stage4"]      # the call is found at all
+
+
+@needs_solutions
+def test_stage4_checks_of_given_code_earn_nothing_before_the_learners_code_is_written(tmp_path):
+    """block_schedule is given code, and the .cu as released compiles: their checks count once the
+    emulation and the kernel's holes are written, not for the file as released."""
+    from grader.grade import grade_stage
+    stage = stages.find("stage4")
+    for name in stage.files():
+        (tmp_path / name).write_text((ROOT / "stages" / name).read_text())
+    with open(tmp_path / f"{stage.module}.py", "a") as f:
+        f.write("\n# started\n")
+    result = grade_stage(stage, str(tmp_path), only=["schedule_visits_exactly_the_needed_tiles",
+                                                      "cuda_source_compiles"], jobs=1)
+    got = {r.name: r for r in result.results}
+    assert not any(r.earned for r in result.results), result.results
+    assert got["schedule_visits_exactly_the_needed_tiles"].status == "todo"
+    assert "TODO(4e)" in got["schedule_visits_exactly_the_needed_tiles"].message
+    assert got["cuda_source_compiles"].status in ("todo", "not run")      # "not run" where nvcc is missing
