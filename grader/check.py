@@ -53,6 +53,7 @@ class Check:
     hidden: bool = False       # counts in the grade; never released, never named to the learner
     validation: bool = False   # judges bad-input handling only: no points while the code it calls has holes
     sm: int = 0                # the oldest GPU it runs on, as sm_XY (80: mma.sync.m16n8k16, cp.async); "not run" below
+    given: bool = False        # the given code alone passes it: no points while the code it exercises has holes
 
 
 _REGISTRY: dict[str, list[Check]] = {}
@@ -62,12 +63,14 @@ HIDDEN_PACKAGE = "grader.checks.hidden"
 
 
 def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: str = "", hidden: bool = False,
-          validation: bool = False, sm: int = 0):
+          validation: bool = False, sm: int = 0, given: bool = False):
     """Register a check in the list of its module (one module of checks per stage).
 
     A ``validation`` check only asks that bad input be refused; the wrapper's given code already
     does most of that, so the check earns its points only once the functions it calls have no
-    unfilled TODO left (see grader/holes.py).
+    unfilled TODO left (see grader/holes.py).  A ``given`` check judges something the given code does
+    by itself (a schedule, a build): it too earns its points only once the learner functions it
+    exercises (``ctx.exercises``, or those it calls) have no unfilled TODO left.
 
     Hidden checks (``hidden=True``) live in ``grader/checks/hidden/stageN.py``, a folder that
     ``python -m grader release --to`` never copies; the two must agree, so a hidden check can
@@ -79,7 +82,8 @@ def check(*, points: int = 1, gpu: bool = False, timeout: float = 180.0, hint: s
             raise ValueError(f"check {fn.__name__} in {fn.__module__}: hidden checks, and only they, belong in "
                              f"grader/checks/hidden/stageN.py (with @check(hidden=True))")
         doc = (fn.__doc__ or "").strip().splitlines()
-        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden, validation, sm)
+        c = Check(fn.__name__, fn, points, gpu, timeout, hint, doc[0] if doc else fn.__name__, hidden, validation, sm,
+                  given)
         _REGISTRY.setdefault(fn.__module__, []).append(c)
         return fn
     return register
@@ -136,6 +140,21 @@ class Ctx:
         if report.allowed > 0:
             self.margins.append((name, report.max_error / report.allowed))
 
+    def exercises(self, *fn_names: str) -> None:
+        """Count learner functions as exercised by this check without calling them (a build of the .cu
+        they launch, a schedule they walk): an unfilled TODO they reach makes the check ``todo``."""
+        self.learner._called.update(fn_names)
+
+    @property
+    def stage(self) -> str:
+        """The module of the stage whose code this check runs ("stage1_online_softmax")."""
+        return getattr(self.runner, "stage", "") or ""
+
+    def headline(self, found) -> str:
+        """A diagnosis as a message's first line: "likely cause, TODO(1c): ...", naming the hole it is in."""
+        from grader import diagnose
+        return diagnose.headline(found, self.stage, self.called)
+
     @property
     def called(self) -> set[str]:
         """Names of the learner functions this check has called so far."""
@@ -182,7 +201,7 @@ class Ctx:
             from grader import diagnose
             found = diagnose.safely(explain, report.allowed)
             if found:
-                raise CheckFailed(f"likely cause: {found.message}\n{report.message}", found.cause, found.also)
+                raise CheckFailed(f"{self.headline(found)}\n{report.message}", found.cause, found.also)
         raise CheckFailed(report.message)
 
     def close_softmax(self, out, x, ref, baseline, *, name: str, block=None, dims=("r", "c"), extra=None) -> None:
@@ -195,7 +214,7 @@ class Ctx:
         found = diagnose.safely(diagnose.softmax, out, x, allowed=report.allowed, block=block)
         numbers = report.message + (f"; {extra(out)}" if extra else "")
         if found:
-            raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause)
+            raise CheckFailed(f"{self.headline(found)}\n{numbers}", found.cause)
         raise CheckFailed(numbers)
 
     def expect_dtype(self, out, dtype, *, name: str) -> None:

@@ -38,6 +38,78 @@ class Diagnosis:
     also: tuple[str, ...] = ()   # other causes these numbers cannot tell apart from it (same variant output)
 
 
+# -- which TODO a cause belongs to ---------------------------------------------------------------------
+#: Per stage, the hole each known mistake is made in: a label, or {learner function called: label} where
+#: the same mistake can sit in two holes (stage 2's two kernels; stage 9's PyTorch and Triton backwards).
+#: A cause missing from a stage's table belongs to its given code, and no hole is named.
+_TODO_OF: dict[int, dict[str, str | dict[str, str]]] = {
+    1: {"softmax_no_rescale": "TODO(1a)", "softmax_drops_last_block": "TODO(1a)", "softmax_pads_with_zero": "TODO(1a)",
+        "nan_masked_tile": {"online_softmax": "TODO(1a)", "flash_attention": "TODO(1c)"},
+        "overflow": "TODO(1a) or TODO(1b)",
+        "nan_unwritten": {"online_softmax": "TODO(1b)", "flash_attention": "TODO(1d)"},
+        "wrong_scale": "TODO(1c)", "acc_not_rescaled": "TODO(1c)", "l_not_rescaled": "TODO(1c)",
+        "no_rescale": "TODO(1c)", "drops_last_key_block": "TODO(1c)", "keys_past_nk": "TODO(1c)",
+        "lse_log2": "TODO(1d)", "o_not_normalised": "TODO(1d)"},
+    2: {"wrong_strides": "TODO(2a)", "row_sum_drops_last_block": "TODO(2a)",
+        "nan_unwritten": {"weighted_row_sum": "TODO(2c)", "softmax": "TODO(2f)"},
+        "softmax_no_rescale": "TODO(2d)", "softmax_drops_last_block": "TODO(2d)", "softmax_pads_with_zero": "TODO(2d)",
+        "nan_masked_tile": "TODO(2d)", "overflow": "TODO(2d)"},
+    3: {"padding_columns_unmasked": "TODO(3a) and TODO(3b)", "wrong_strides": "TODO(3a) and TODO(3b)",
+        "wrong_scale": "TODO(3b)", "acc_not_rescaled": "TODO(3b)", "l_not_rescaled": "TODO(3b)",
+        "no_rescale": "TODO(3b)", "drops_last_key_block": "TODO(3b)", "keys_past_nk": "TODO(3b)",
+        "nan_masked_tile": "TODO(3b)", "lse_log2": "TODO(3c)", "o_not_normalised": "TODO(3c)",
+        "nan_unwritten": "TODO(3c)"},
+    4: {cause: {"flash_attention": label} | ({"emulate_attention": "TODO(4e)"} if emulated else {})
+        for cause, label, emulated in (("wrong_scale", "TODO(4a)", True), ("keys_past_nk", "TODO(4b)", False),
+                                       ("causal_off_by_one", "TODO(4b)", False), ("causal_top_left", "TODO(4b)", False),
+                                       ("mask_leak", "TODO(4b)", False), ("acc_not_rescaled", "TODO(4b)", True),
+                                       ("l_not_rescaled", "TODO(4b)", True), ("no_rescale", "TODO(4b)", True),
+                                       ("nan_masked_tile", "TODO(4b)", True), ("lse_log2", "TODO(4d)", False),
+                                       ("o_not_normalised", "TODO(4d)", False), ("nan_empty_rows", "TODO(4d)", True))},
+    5: {"causal_off_by_one": "TODO(5a)", "causal_top_left": "TODO(5a)", "mask_leak": "TODO(5a)",
+        "keys_past_nk": "TODO(5a)", "nan_masked_tile": "TODO(5a)", "acc_not_rescaled": "TODO(5a)",
+        "l_not_rescaled": "TODO(5a)", "no_rescale": "TODO(5a)", "masked_tiles_dropped": "TODO(5b)",
+        "masked_tiles_unmasked": "TODO(5b)", "drops_last_key_block": "TODO(5b)",
+        "nan_empty_rows": "TODO(5a) or TODO(5c)",
+        "lse_log2": "TODO(5c)", "o_not_normalised": "TODO(5c)", "nan_unwritten": "TODO(5c)"},
+    6: {"gqa_head_mapping": "TODO(6a)"},
+    7: {"window_off_by_one": "TODO(7a)", "window_top_left": "TODO(7a)", "window_mask_missing": "TODO(7a)",
+        "mask_leak": "TODO(7a)", "window_edge_unmasked": "TODO(7b)", "window_edge_tile_dropped": "TODO(7b)"},
+    8: {"sink_tokens_hidden": "TODO(8a)", "sink_blocks_skipped": "TODO(8c)", "sinks_ignored": "TODO(8b)",
+        "sinks_sign": "TODO(8b)", "sinks_base": "TODO(8b)"},
+    9: {cause: {"tiled_attention_backward": "TODO(9a)", "tiled_attention": "TODO(9a)", "attention_op": label,
+                "attention": label}
+        for cause, label in (("backward_without_delta", "TODO(9c) and TODO(9d)"), ("dq_unscaled", "TODO(9d)"),
+                             ("dk_unscaled", "TODO(9c)"), ("gqa_first_head_only", "TODO(9c)"),
+                             ("gqa_head_mapping", "TODO(9d)"), ("lse_without_sink", "TODO(9c) and TODO(9d)"),
+                             ("mask_ignored", "TODO(9c) and TODO(9d)"), ("nan_empty_rows", "TODO(9c) and TODO(9d)"),
+                             ("dsinks_sign_flipped", "TODO(9b)"), ("dsinks_left_out", "TODO(9b)"))},
+}
+
+
+def todo_of(cause: str, stage: str, called=()) -> str:
+    """The TODO label ("TODO(1c)") of the hole where ``cause`` is made in ``stage`` (its module name,
+    "stage1_online_softmax", or "stage1"), given the learner functions the failing check ``called``;
+    "" when the cause belongs to no hole of that stage (it would sit in given code)."""
+    number = stage[5:].split("_")[0] if stage.startswith("stage") else ""
+    entry = _TODO_OF.get(int(number), {}).get(cause, "") if number.isdigit() else ""
+    if isinstance(entry, dict):
+        return next((entry[fn] for fn in entry if fn in set(called)), "")
+    return entry
+
+
+def headline(found: "Diagnosis", stage: str = "", called=()) -> str:
+    """"likely cause, TODO(1c): ..." (the hole's label when the cause has one in ``stage``)."""
+    label = todo_of(found.cause, stage, called) if stage else ""
+    return f"likely cause{', ' + label if label else ''}: {found.message}"
+
+
+def uses_exp2(stage: str) -> bool:
+    """Whether ``stage``'s code computes its exponentials in base 2 (the Triton and CUDA stages, 3 on)."""
+    number = stage[5:].split("_")[0] if stage.startswith("stage") else ""
+    return not number.isdigit() or int(number) >= 3
+
+
 def safely(fn, *args, **kwargs) -> Diagnosis | None:
     """A diagnosis, or None if working it out failed: a verdict never waits on its explanation.
 
@@ -294,6 +366,7 @@ class _Case:
     at: str                     # "b=0, head 1, row 5 (query block 0)": the worst error
     o_ref: torch.Tensor
     lse_ref: torch.Tensor
+    exp2: bool = True           # the stage's code uses exp2 (advice about log2(e) applies)
 
     @property
     def shape(self):
@@ -313,25 +386,31 @@ def _base_and_scale(c: _Case):
     B, Hq, Nq, D, Hkv, Nk = c.shape
     m_row = _row_max(c.q, c.k, c.scale, c.vis, c.sinks)
     l_row = torch.exp(c.lse_ref - torch.where(torch.isinf(m_row), torch.zeros_like(m_row), m_row))
+    natural = "m + log(l), or (m_i + log2(l_i)) * ln(2) where the scores are in base 2 (exp2)" if c.exp2 else \
+        "m + log(l), with torch.log"
     yield ("lse_log2", f"lse is in base 2: it is the reference x log2(e) = 1.4427 x (at {c.at}).  lse must be the "
-           "natural log: m + log(l), or (m_i + log2(l_i)) * ln(2) where the scores are in base 2 (exp2)",
-           (c.o_ref, c.lse_ref * LOG2E))
+           f"natural log: {natural}", (c.o_ref, c.lse_ref * LOG2E))
     yield ("lse_log2", f"lse mixes bases: it is m + log2(l) with m natural (at {c.at}).  Use the natural log: "
            "lse = m + log(l)", (c.o_ref, m_row + torch.log2(l_row)))
     yield ("o_not_normalised", f"o is not divided by the softmax sum: it equals acc = o x l (at {c.at}).  Divide "
            "acc by l_i before storing o", (c.o_ref * l_row[..., None], c.lse_ref))
-    scales = {"1/D": 1.0 / D, "1": 1.0, "sm_scale x log2(e) with exp, not exp2": c.scale * LOG2E,
-              "sm_scale without log2(e) while using exp2": c.scale * LN2}
+    # What the output was scaled with, in words: "the scale 1/D = 0.01562", "no scale at all (1)".
+    scales = {f"the scale 1/D = {1.0 / D:.4g}": 1.0 / D, "no scale at all: scores are q.k, unscaled": 1.0}
+    if c.exp2:
+        scales[f"sm_scale x log2(e) = {c.scale * LOG2E:.4g} with exp, not exp2"] = c.scale * LOG2E
+        scales[f"sm_scale without log2(e), {c.scale * LN2:.4g} in natural units, while using exp2"] = c.scale * LN2
     pad = 1 << (D - 1).bit_length()
     if pad != D:
-        scales[f"1/sqrt({pad}), the padded head dim"] = 1.0 / math.sqrt(pad)
+        scales[f"the scale 1/sqrt({pad}) = {1.0 / math.sqrt(pad):.4g}, from the padded head dim"] = 1.0 / math.sqrt(pad)
     if c.given_scale is not None:
-        scales[f"1/sqrt(D) (the default; sm_scale={c.given_scale:g} was passed in)"] = 1.0 / math.sqrt(D)
+        scales[f"the default scale 1/sqrt(D) = {1.0 / math.sqrt(D):.4g}, not the sm_scale={c.given_scale:g} passed "
+               "in"] = 1.0 / math.sqrt(D)
+    fold = "; with exp2, fold log2(e) into that scale once" if c.exp2 else ""
     for name, other in scales.items():
         if abs(other - c.scale) > 1e-9 * c.scale:    # its lse is off in a way of its own: o alone is compared
-            yield ("wrong_scale", f"the output is attention with softmax scale {name} = {other:.4g} instead of "
-                   f"{c.scale:.4g} (at {c.at}).  Scores are sm_scale * q.k (sm_scale = 1/sqrt(D) unless given); with "
-                   "exp2, fold log2(e) into that scale once", (c.attend(scale=other)[0], None))
+            yield ("wrong_scale", f"the output is attention computed with {name}, where it should be "
+                   f"sm_scale = {c.scale:.4g} (at {c.at}).  Scores are sm_scale * q.k (sm_scale = 1/sqrt(D) unless "
+                   f"given){fold}", (c.attend(scale=other)[0], None))
 
 
 def _edge_heads(B, Hq, Hkv):
@@ -489,8 +568,10 @@ def _key_blocks(c: _Case, heavy: bool):
 
 
 def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], block_m=None,
-              block_n=None) -> Diagnosis | None:
-    """The most likely known mistake behind a wrong ``(o, lse)``, or None when none explains it."""
+              block_n=None, exp2: bool = True) -> Diagnosis | None:
+    """The most likely known mistake behind a wrong ``(o, lse)``, or None when none explains it.
+
+    ``exp2``: the stage's code uses exp2 (stages 3 on); without it, no advice about log2(e) is given."""
     if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor)):
         return None
     if o.shape != q.shape or lse.shape != q.shape[:3]:
@@ -518,7 +599,7 @@ def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], bloc
     idx = _worst(o, o_ref) if _max_gap(o, o_ref) / allowed[0] >= _max_gap(lse, lse_ref) / allowed[1] \
         else _worst(lse, lse_ref)
     case = _Case(q, k, v, scale, given_scale, vis, causal, window, sink_tokens, sinks, block_m, block_n,
-                 _where(idx, block_m), o_ref, lse_ref)
+                 _where(idx, block_m), o_ref, lse_ref, exp2)
     heavy = B * Hq * Nq * Nk > _DENSE_LIMIT
     variants = [*_base_and_scale(case), *_layout(case), *_masks(case), *_tiles(case), *_key_blocks(case, heavy)]
     if edge_only:                    # the other heads say whether the padding columns were read unmasked
@@ -544,11 +625,11 @@ def attention(o, lse, q, k, v, opts: dict, *, allowed: tuple[float, float], bloc
     return Diagnosis(cause, message, tuple(twins))
 
 
-def explain_attention(o, lse, q, k, v, *, block_m=None, block_n=None, **opts) -> str:
+def explain_attention(o, lse, q, k, v, *, block_m=None, block_n=None, exp2=True, **opts) -> str:
     """For notebooks' check cells: "likely cause: ..." for a wrong (o, lse), or "" when no known mistake fits.
 
     The tolerance is the grader's (PyTorch's own error in this dtype, the attention floor); tensors may
-    live on any device.
+    live on any device.  ``exp2=False`` for a stage whose code has no exp2 (stage 1): no advice about it.
     """
     from kernels import reference, tolerance
     cpu = lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t
@@ -558,7 +639,7 @@ def explain_attention(o, lse, q, k, v, *, block_m=None, block_n=None, **opts) ->
     o_pt, lse_pt = reference.attention(q, k, v, **opts, compute_dtype=tolerance.baseline_dtype(q.dtype))
     allowed = (tolerance.allowed(o_ref, o_pt, floor=tolerance.attention_floor(o_ref, lse_ref)),
                tolerance.allowed(lse_ref, lse_pt))
-    found = safely(attention, o, lse, q, k, v, opts, allowed=allowed, block_m=block_m, block_n=block_n)
+    found = safely(attention, o, lse, q, k, v, opts, allowed=allowed, block_m=block_m, block_n=block_n, exp2=exp2)
     return f"likely cause: {found.message}" if found else ""
 
 

@@ -63,6 +63,10 @@ def gradescope(graded: list[tuple[Stage, StageResult]], notes: list[str] = ()) -
                           "status": "failed", "visibility": "visible",
                           "output": f"{stage.module}.py {'is not in the submission' if missing else 'is as released'}"
                                     ": fill in its TODOs first."})
+        elif result.status == "import error" and result.results:     # one cause: shown once, not once per check
+            tests.append({"name": f"{stage.name}: does not import", "score": 0, "max_score": result.max_score,
+                          "status": "failed", "visibility": "visible",
+                          "output": f"{result.results[0].message}\nNone of its {len(result.results)} checks ran."})
         else:
             tests += [_test(stage, r) for r in result.results if not r.hidden]
             if hidden:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -213,7 +214,7 @@ def _holes_verdict(check, runner: Runner, called: set[str], status: str, message
 
     A failure of any kind (a wrong answer from a kernel whose body is still ``pass``, the stub's
     NotImplementedError, a crash) is reported as the unfilled TODO it ran into, at the line it is
-    on now.  A validation check passes on the given wrapper alone, so it earns nothing until the
+    on now.  A validation (or ``given``) check passes on the given code alone, so it earns nothing until the
     functions it calls are written.
     """
     if status == "not run" or not called:
@@ -231,6 +232,9 @@ def _holes_verdict(check, runner: Runner, called: set[str], status: str, message
         fns = ", ".join(sorted(called))
         return "todo", (f"{holes.todo_message(found)}; this check of bad input counts once {fns} is written "
                         "(the given code refuses most bad input already)"), ""
+    if check.given:
+        return "todo", (f"{holes.todo_message(found)}; this check counts once that is written (the given code "
+                        "alone passes it)"), ""
     return status, message, hint
 
 
@@ -382,9 +386,7 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
         else:
             exc, tail = failed_import
             result.status = "import error"
-            msg = f"{path.name} could not be imported: {exc.type_name}: {exc.message}"
-            where = locate.frame(exc.tb, stage.module)
-            msg += f" ({where})" if where else ""
+            msg = _import_message(exc, path.name, stage.module)
             msg += f"; last output: {tail}" if tail else ""
             status = "timeout" if exc.timed_out else "crash"
             result.results = [CheckResult(c.name, c.points, 0, status, msg, hidden=c.hidden) for c in checks]
@@ -394,6 +396,22 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
         r.message = r.message.replace(str(snapshot), str(folder))
     result.seconds = time.monotonic() - started
     return result
+
+
+def _import_message(exc: ImportFailed, name: str, module: str) -> str:
+    """Why the stage file did not import, at its line in the learner's file: never a line of the grader's own
+    code (the loader that imported it), which says nothing about what to fix."""
+    if exc.type_name in ("SyntaxError", "IndentationError", "TabError"):
+        at = re.search(rf'^\s*File "[^"]*{re.escape(module)}\.py", line (\d+)\n((?:    .*\n?){{0,2}})', exc.tb, re.M)
+        what = re.sub(r"\s*\([^()]*, line \d+\)$", "", exc.message)     # "invalid syntax (x.py, line 29)"
+        if at:
+            shown = "".join(f"\n  {ln}" for ln in at.group(2).rstrip("\n").split("\n") if ln.strip())
+            return f"{name} could not be imported: {exc.type_name} at line {at.group(1)}: {what}{shown}"
+    where = locate.frame(exc.tb, module)
+    if f"{module}.py" not in where:
+        where = ""                   # no line of the learner's file is involved: the message says it all
+    where = re.sub(r'^File "[^"]*/([^"/]+)", line (\d+), in ', r"\1 line \2, in ", where)
+    return f"{name} could not be imported: {exc.type_name}: {exc.message}" + (f" ({where})" if where else "")
 
 
 def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits, jobs: int, on_result, module: str,
@@ -493,7 +511,30 @@ def _seconds(r: CheckResult) -> str:
     return "" if r.status == "not run" else f"{r.seconds:.1f} s"
 
 
-def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str:
+def terminal_width() -> int:
+    """The terminal's width in columns ($COLUMNS first, as shutil reads it), 100 when there is none."""
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def _wrapped(message: str, width: int) -> list[str]:
+    """A message's lines, each part between newlines wrapped to ``width``; a part that shows code (indented
+    by four spaces, as a syntax error's line and its caret are) is kept as it is."""
+    out = []
+    for part in (message or "").split("\n"):
+        if part.startswith("    ") and part.strip():
+            out.append(part)
+        else:
+            out += textwrap.wrap(part.strip(), width=width) or [""]
+    return out or [""]
+
+
+#: Below this many columns for the message beside a check, its message goes under the check's line instead.
+_MESSAGE_MIN = 50
+
+
+def format_result(stage: Stage, result: StageResult, *, width: int | None = None) -> str:
+    """The stage's table, wrapped to ``width`` columns (the terminal's when not given)."""
+    width = width or terminal_width()
     lines = [f"{stage.name}: {stage.title}  [{result.source}]"
              + (f"  (learner code isolated by {result.isolation})" if result.isolation else "")]
     if result.status == "not started":
@@ -504,21 +545,26 @@ def format_result(stage: Stage, result: StageResult, *, width: int = 100) -> str
         return "\n".join(lines)
     if result.status == "import error":              # one cause, shown once, not once per check
         message = result.results[0].message if result.results else "the file could not be imported"
-        body = textwrap.wrap(message, width=width - 4) or [""]
+        body = _wrapped(message, width - 4)
         lines += [f"  {body[0]}"] + [f"    {b}" for b in body[1:]]
         lines.append(f"  none of its {len(result.results)} checks ran: fix that line, then run: "
                      f"python -m grader {stage.name}")
         return "\n".join(lines)
     shown = [r for r in result.results if not r.hidden]
     name_w = max([len(r.name) for r in shown] + [5])
-    lines.append(f"  {'check':<{name_w}}  points  status      time  message")
-    pad = " " * (name_w + 31)
+    beside = width - name_w - 33 >= _MESSAGE_MIN     # room for the message beside the check, else under it
+    lines.append(f"  {'check':<{name_w}}  points  status      time" + ("  message" if beside else ""))
+    pad = " " * (name_w + 31) if beside else "      "
     for r in shown:
         pts = f"{r.earned}/{r.points}"
-        body = [b for part in (r.message or "").split("\n")
-                for b in (textwrap.wrap(part.strip(), width=max(30, width - name_w - 33)) or [""])] or [""]
-        lines.append(f"  {r.name:<{name_w}}  {pts:>6}  {_MARK[r.status]:<7}  {_seconds(r):>6}  {body[0]}")
-        lines += [f"  {pad}{b}" for b in body[1:]]
+        body = _wrapped(r.message, width - len(pad) - 2)
+        row = f"  {r.name:<{name_w}}  {pts:>6}  {_MARK[r.status]:<7}  {_seconds(r):>6}"
+        if beside:
+            lines.append(f"{row}  {body[0]}".rstrip())
+            lines += [f"  {pad}{b}" for b in body[1:]]
+        else:
+            lines.append(row)
+            lines += [f"  {pad}{b}" for b in body if b]
     if hidden_summary(result.results):
         lines.append(f"  {hidden_summary(result.results)}")
     lines.append("  " + score_line(result))

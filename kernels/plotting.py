@@ -140,11 +140,14 @@ def plot_tile_grid(mask, nq: int, nk: int, block_m: int, block_n: int, *, ax=Non
     _tile_lines(ax, rows, cols, block_m, block_n)
     if annotate and states.size <= 400:
         for (r, c), s in np.ndenumerate(states):
-            # the letter sits on the part of the tile inside the sequence, when that part has room for it
+            # Every tile the legend counts gets its letter, on the part of the tile inside the sequence; where
+            # that part is a thin strip (a last block of a few rows or keys), on a patch of the tile's colour.
             x0, x1, y0, y1 = c * block_n, min((c + 1) * block_n, nk), r * block_m, min((r + 1) * block_m, nq)
-            if s and 4 * (x1 - x0) >= block_n and 4 * (y1 - y0) >= block_m:
+            thin = 4 * (x1 - x0) < block_n or 4 * (y1 - y0) < block_m
+            if s:
                 ax.text((x0 + x1) / 2, (y0 + y1) / 2, "FPS"[2 - s], ha="center", va="center",
-                        fontsize=MIN_FONT_PT, color="white")
+                        fontsize=MIN_FONT_PT, color="white",
+                        bbox=dict(facecolor=_TILE_COLORS(s), lw=0, pad=1) if thin else None)
     handles = [Patch(color=_TILE_COLORS(s), label=f"{_TILE_LABELS[s]}: {int((states == s).sum())}")
                for s in (FULL, PARTIAL, SKIPPED)]
     if nq % block_m or nk % block_n:

@@ -1,6 +1,6 @@
 """Compile the Triton kernels of every stage for a list of GPUs, with no GPU present.
 
-    python tests/compile_targets.py --out results.json [--targets sm_75,sm_90] [--cache FILE] [--jobs N]
+    python tests/compile_targets.py --out results.json [--targets sm_75,sm_90] [--cache FILE] [--jobs N] [--sample]
 
 Triton compiles for a target named explicitly (``GPUTarget("cuda", 75, 32)``) without a driver.
 This script runs each stage's wrapper on small CPU tensors with a stand-in driver and a cache hook
@@ -17,6 +17,11 @@ stages 3 and 5-7) in float16 on one target per table; and the forwards of stages
 each table row's first entry on those targets (on sm_75, whose compiles are the slowest, at D=128).  ``--cache FILE`` reuses the shared memory
 recorded for an identical compile (same Triton version, target, kernel source, signature,
 constants and options), except for the jobs marked ``always``, which compile on every run.
+
+``--sample`` compiles a fixed part of that matrix, and all of it on every run: for each kernel of each
+stage on each target it would compile for, one configuration, the first it plans (the smallest head
+dim, float16, the first entry of its table row).  Every kernel meets every target, in a few minutes
+of CPU; the whole matrix, with its tables and head dims, is for a separate job.
 
 It must run in a process of its own: kernels.runtime turns on Triton's interpreter on a machine
 without a GPU, and here the kernels must stay real ``@triton.jit`` functions.
@@ -232,6 +237,18 @@ def plan_jobs(launches: list[dict], targets: list[str], stage9) -> list[dict]:
     return jobs
 
 
+def sample_jobs(jobs: list[dict]) -> list[dict]:
+    """The first planned job of each (target, stage, kernel): one configuration per kernel and target."""
+    first: dict[tuple, dict] = {}
+    for job in jobs:
+        first.setdefault(_pair(job), job)
+    return [dict(job, always=True) for job in first.values()]
+
+
+def _pair(job: dict) -> tuple[str, str, str]:
+    return job["target"], job["launch"]["stage"], job["launch"]["name"]
+
+
 _JOBS: list[dict] = []
 
 
@@ -250,6 +267,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", help="JSON of earlier results: reused for identical compiles not marked always")
     parser.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
     parser.add_argument("--ptxas", action="store_true", help="also assemble with ptxas")
+    parser.add_argument("--sample", action="store_true",
+                        help="compile one configuration per kernel and target, all of them (no cache)")
     args = parser.parse_args(argv)
     if not args.ptxas:
         _skip_ptxas()
@@ -257,7 +276,9 @@ def main(argv=None) -> int:
     stage9 = load_stage("stage9", args.source)
     started = time.monotonic()
     launches = record_launches(args.source)
-    _JOBS[:] = plan_jobs(launches, args.targets.split(","), stage9)
+    planned = plan_jobs(launches, args.targets.split(","), stage9)
+    pairs = sorted({_pair(job) for job in planned})
+    _JOBS[:] = sample_jobs(planned) if args.sample else planned
     todo = [i for i, job in enumerate(_JOBS) if job["always"] or job["key"] not in cache]
     results = {i: (cache[job["key"]]["smem"], "cached", 0.0) for i, job in enumerate(_JOBS) if i not in set(todo)}
     if args.jobs > 1:
@@ -279,7 +300,8 @@ def main(argv=None) -> int:
                      "seconds": round(seconds, 2)})
     compiled = sum(r["how"] == "compiled" for r in rows)
     Path(args.out).write_text(json.dumps({"seconds": round(time.monotonic() - started, 1), "ptxas": args.ptxas,
-                                          "triton": triton.__version__, "compiled": compiled, "rows": rows}, indent=1))
+                                          "triton": triton.__version__, "compiled": compiled, "sample": args.sample,
+                                          "pairs": pairs, "rows": rows}, indent=1))
     print(f"{len(rows)} configurations, {compiled} compiled, {len(rows) - compiled} from the cache, "
           f"{time.monotonic() - started:.0f} s")
     return 0

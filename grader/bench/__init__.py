@@ -10,10 +10,11 @@
     report.py     ``bench report``: docs/performance.md from the JSON
     train.py      ``bench train``: a gpt-oss-style training step with stage 9's op
 
-What a notebook needs is here: ``bench.run("stage4", source=...)`` and ``bench.table(rows)``.
+What a notebook needs is here: ``bench.run("stage4", source=..., providers=bench.learner_providers("stage4"))``
+(the learner's kernel against PyTorch's, none of the instructors' variants) and ``bench.table(rows)``.
 """
 
-from grader.bench.cases import CASES, Case, visible_pairs  # noqa: F401
+from grader.bench.cases import CASES, Case, learner_providers, visible_pairs  # noqa: F401
 from grader.bench.chart import plot  # noqa: F401
 from grader.bench.measure import run  # noqa: F401
 from grader.bench.tables import table, write_json  # noqa: F401

@@ -125,6 +125,15 @@ PROVIDERS: dict[str, list[str]] = {
     "stage4": ["solution", "solution-wgmma", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
     "stage5": _WITH_TMA, "stage6": _WITH_TMA, "stage7": _WITH_TMA, "stage8": _WITH_TMA, "stage9": _WITH_TMA,
 }
+#: What a learner's notebook races: their own kernel and PyTorch's attention.  Never the instructors' variants
+#: (solution-tma, solution-wgmma) nor another stage's kernel, which compile for minutes at first use and are
+#: not the learner's work; ``python -m grader bench`` times those.
+LEARNER_PROVIDERS = ("solution", "sdpa-flash", "sdpa-cudnn", "flex")
+
+
+def learner_providers(stage: str) -> list[str]:
+    """The providers of ``stage``'s benchmark that a learner's notebook times (see LEARNER_PROVIDERS)."""
+    return [p for p in PROVIDERS.get(stage, DEFAULT_PROVIDERS) if p in LEARNER_PROVIDERS]
 
 
 @dataclass

@@ -108,10 +108,10 @@ def judge(ctx, out, q, k, v, *, what: str, opts=None, fn: str = "flash_attention
         return o, lse
     from grader import diagnose
     found = diagnose.safely(diagnose.attention, o, lse, q, k, v, opts, allowed=(rep_o.allowed, rep_l.allowed),
-                            block_m=block_m, block_n=block_n)
+                            block_m=block_m, block_n=block_n, exp2=diagnose.uses_exp2(ctx.stage))
     numbers = "; ".join(r.message for r in (rep_o, rep_l) if not r.ok)
     if found:                      # a known mistake explains it: that comes first
-        raise CheckFailed(f"likely cause: {found.message}\n{numbers}", found.cause, found.also)
+        raise CheckFailed(f"{ctx.headline(found)}\n{numbers}", found.cause, found.also)
     _judge_empty_rows(ctx, o, lse, q, k, what, opts)   # else rows that see no key teach best, if wrong
     raise CheckFailed(numbers)
 

@@ -10,9 +10,11 @@ import concurrent.futures
 
 import torch
 
+from grader import holes
 from grader.check import check
 from grader.checks.attention import attend, label
 from grader.checks.masked_attention import needed_tiles
+from grader.worker import LearnerError
 from kernels import cuda_build, loader
 
 HEAD_DIMS = range(8, 257, 8)
@@ -137,9 +139,12 @@ def padding_waste_table(ctx):
 
 # ---- the emulation -------------------------------------------------------------------------
 
-@check(points=1)
+@check(points=1, given=True)
 def schedule_visits_exactly_the_needed_tiles(ctx):
-    """block_schedule: ascending key blocks, exactly the tiles with a visible key, masks only where needed."""
+    """block_schedule: ascending key blocks, exactly the tiles with a visible key, masks only where needed.
+
+    block_schedule is given code: the check counts once the emulation that walks it is written."""
+    ctx.exercises("emulate_attention")
     for nq, nk, bm, bn, causal in ((300, 300, 128, 64, True), (77, 300, 64, 32, True), (300, 77, 128, 64, True),
                                    (129, 200, 64, 64, False), (40, 3, 16, 16, True)):
         schedule = ctx.learner.block_schedule(nq, nk, bm, bn, causal)
@@ -203,15 +208,21 @@ def kernel_bad_input(ctx):
 COMPILE_CONFIG = {"HEAD_DIM": 72, "BLOCK_M": 64, "BLOCK_N": 32, "NUM_WARPS": 2}   # 72: padded Q K^T, odd P V tail
 
 
-@check(points=1, timeout=300, hint="read nvcc's first error; the TODO comments of the .cu say which "
-                                   "registers each fragment holds")
+@check(points=1, timeout=300, given=True, hint="read nvcc's first error; the TODO comments of the .cu say which "
+                                               "registers each fragment holds")
 def cuda_source_compiles(ctx):
-    """nvcc compiles the .cu for sm_80 (A100) and sm_90 (H100), with HEAD_DIM=72 (no GPU needed)."""
+    """nvcc compiles the .cu for sm_80 (A100) and sm_90 (H100), with HEAD_DIM=72 (no GPU needed).
+
+    The .cu as released compiles (its holes are empty): the check counts once they are written."""
+    ctx.exercises("flash_attention")
     if cuda_build.nvcc() is None:
         ctx.skip("nvcc not found: install the CUDA toolkit (or set CUDA_HOME) to check that the .cu compiles")
     folder = loader.source_dir(ctx.runner.source)
     cu = next(folder.glob("stage4_*.cu"), None)
     ctx.expect(cu is not None, f"no stage4_*.cu beside the stage file in {folder}")
+    left = [label for label, _ in holes.unfilled_in(cu.read_text(errors="replace"), cu.name)]
+    if left:                        # as released it compiles, and proves nothing: no need to run nvcc
+        raise LearnerError("NotImplementedError", f"{cu.name}: {', '.join(left)} not written yet")
     archs = ("sm_80", "sm_90")
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda arch: cuda_build.compile_only(cu, arch=arch, defines=COMPILE_CONFIG), archs))

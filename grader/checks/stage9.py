@@ -241,6 +241,15 @@ def empty_rows_zero_gradients(ctx):
         _expect_zero_rows(ctx, got[1], q, 20, label=label)
 
 
+def _gradients_first(ctx, q, k, v, *, label, sinks=None, **opts):
+    """Judge the gradients of ``attention`` on these inputs before a check of how the backward works.
+
+    The forward, the kernels' loops and their visit counting are given code: without this, a check
+    of what they do would pass while TODO 9b-9d are still empty, a point for code nobody wrote."""
+    _grads_close(ctx, q, k, v, ctx.randn(*q.shape, dtype=q.dtype), sinks=sinks,
+                 label=f"{label}, judged first: this check counts once the gradients are right", **opts)
+
+
 def _tiles_with_visible_pairs(nq, nk, block_m, block_n, **opts) -> torch.Tensor:
     """(query blocks, key blocks): True where the tile holds at least one visible (query, key) pair."""
     visible = masks.materialize(masks.attention_mask(nq, nk, **opts), nq, nk)
@@ -254,12 +263,16 @@ def _tiles_with_visible_pairs(nq, nk, block_m, block_n, **opts) -> torch.Tensor:
                       "(all of them for key blocks with sink tokens); the dQ kernel walks key blocks as the "
                       "forward does: sink-token blocks, then the window, up to the diagonal")
 def backward_skips_blocks(ctx):
-    """Each kernel processes exactly the tiles that hold a visible pair, each once: the forward's skipping."""
-    for (hq, hkv, nq, nk, opts) in ((2, 1, 70, 45, dict(causal=True)),
-                                    (2, 2, 130, 130, dict(causal=True, window=16)),
-                                    (2, 1, 60, 100, dict(causal=True, window=9, sink_tokens=20)),
-                                    (2, 2, 33, 50, {})):
+    """Each kernel processes exactly the tiles that hold a visible pair, each once: the forward's skipping.
+
+    The loops are given code, so the gradients of the first case are judged first."""
+    for i, (hq, hkv, nq, nk, opts) in enumerate(((2, 1, 70, 45, dict(causal=True)),
+                                                 (2, 2, 130, 130, dict(causal=True, window=16)),
+                                                 (2, 1, 60, 100, dict(causal=True, window=9, sink_tokens=20)),
+                                                 (2, 2, 33, 50, {}))):
         q, k, v, _ = _inputs(ctx, 1, hq, hkv, nq, nk, 16)
+        if i == 0:
+            _gradients_first(ctx, q, k, v, label=f"(Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, {opts})", **opts)
         got = ctx.learner.flash_attention_backward(q, k, v, _harness="backward_visits", **opts)
         for kernel in ("dkdv", "dq"):
             bm, bn = got[f"{kernel}_blocks"]
@@ -283,10 +296,14 @@ def backward_skips_blocks(ctx):
 @check(points=1, hint="save q, k, v, o and lse (and sinks) for the backward: never P or S, which are Nq x Nk "
                       "per head; the backward rebuilds them tile by tile from lse")
 def saves_nothing_quadratic(ctx):
-    """The autograd.Function keeps nothing of size Nq x Nk for the backward, and keeps lse."""
+    """The autograd.Function keeps nothing of size Nq x Nk for the backward, and keeps lse.
+
+    The forward and its autograd.Function are given code, so the gradients are judged first."""
     b, hq, hkv, nq, nk, d = 1, 2, 1, 48, 80, 16
     q, k, v, _ = _inputs(ctx, b, hq, hkv, nq, nk, d)
     sinks = ctx.randn(hq)
+    _gradients_first(ctx, q, k, v, sinks=sinks, causal=True,
+                     label=f"(Hq={hq}, Hkv={hkv}, Nq={nq}, Nk={nk}, causal, learned sinks)")
     shapes = ctx.learner.attention(q, k, v, causal=True, sinks=sinks, _harness="saved_for_backward")
     largest_input = max(t.numel() for t in (q, k, v))
     for shape in shapes:

@@ -35,7 +35,6 @@ from kernels.includes import expand_file
 from kernels.loader import ROOT
 
 FOLDER = "published"
-_TODO = re.compile(r"TODO\((\w+)\)")
 
 
 class PublishError(RuntimeError):
@@ -65,7 +64,9 @@ def holes(text: str) -> list[dict]:
             j += 1
         before = [ln for ln in lines[:i] if ln.strip() and not release._END.match(ln) and not release._BEGIN.match(ln)]
         after = next((ln for ln in lines[j + 1:] if ln.strip() and not release._BEGIN.match(ln)), "")
-        label = next((m.group(0) for ln in reversed(before[-12:]) for m in [_TODO.search(ln)] if m), "")
+        # The label is the TODO right above the block (up to a blank line), as release names its stub: a
+        # solution-only block such as a __main__ has none, and is no hole, whatever TODO came before it.
+        label = release._label_above(lines[:i]) or ""
         block = lines[i + 1:j]
         if any(ln.strip() for ln in block) and label:
             found.append({"todo": label, "reference": "\n".join(block), "before": before[-2:], "after": after,
