@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 STAGE_NAMES = [f"stage{n}" for n in range(1, 10)]
@@ -241,6 +242,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.command == "grade":
         if args.solutions and args.submission:
             args.parser.error("--solutions and --submission choose different files: give one")
+        if args.submission:         # a folder named by the person typing: relative to where they are
+            args.submission = os.path.abspath(args.submission)
+        if args.notebook and args.submission:
+            from grader.notebook import refusal
+            why = refusal(args.submission, args.isolation)
+            if why:
+                args.parser.error(why)
         if args.out and args.format == "table":
             args.parser.error("--out goes with --format json or --format gradescope")
     if args.command == "release" and (args.autograder or args.through) and not args.to:
