@@ -132,15 +132,20 @@ def python_for(pythons, mechanism: str) -> str:
     return pythons[mechanism]
 
 
-def grade_cmd(python: str, mechanism: str, submission: Path, *extra: str) -> list[str]:
-    return [python, "-m", "grader", "stage1", "--submission", str(submission), "--only", CHECK, "--isolation",
-            mechanism, "--format", "json", *extra]
+def grade_cmd(python: str, mechanism: str, submission: Path, *extra: str, checks=(CHECK,)) -> list[str]:
+    only = [a for c in checks for a in ("--only", c)]
+    return [python, "-m", "grader", "stage1", "--submission", str(submission), *only, "--isolation", mechanism,
+            "--format", "json", *extra]
+
+
+def graded_all(done: subprocess.CompletedProcess) -> list[dict]:
+    assert done.stdout.strip(), done.stderr[-3000:]
+    (stage,) = json.loads(done.stdout)["stages"]
+    return stage["results"]
 
 
 def graded(done: subprocess.CompletedProcess) -> dict:
-    assert done.stdout.strip(), done.stderr[-3000:]
-    (stage,) = json.loads(done.stdout)["stages"]
-    (check,) = stage["results"]
+    (check,) = graded_all(done)
     return check
 
 
@@ -211,15 +216,25 @@ def _cmdline(pid: int | str) -> str:
         return ""
 
 
-def start_slow_grading(pythons, mechanism: str, folder: Path, seconds: int) -> subprocess.Popen:
-    """A grading whose stage file takes ``seconds`` to import, returned once its worker is importing it."""
+def _is_worker(pid: int) -> bool:
+    """A worker's own Python (not the sh, bwrap or setpriv that start it)."""
+    return _cmdline(pid).split(" ")[1:3] == ["-m", "grader.worker"]
+
+
+def workers_of(proc: subprocess.Popen) -> list[int]:
+    return [p for p in sandbox._descendants(proc.pid) if p != proc.pid and _is_worker(p)]
+
+
+def start_slow_grading(pythons, mechanism: str, folder: Path, seconds: int, checks=(CHECK,)) -> subprocess.Popen:
+    """A grading whose stage file takes ``seconds`` to import, on one worker per check, returned once
+    every worker is importing it."""
     python = python_for(pythons, mechanism)
     sub = thief(folder, attack=slow_import(seconds))
-    proc = subprocess.Popen(grade_cmd(python, mechanism, sub, "--jobs", "1"), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(grade_cmd(python, mechanism, sub, "--jobs", str(len(checks)), checks=checks), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 120
     while time.monotonic() < end:
-        if any("grader.worker" in _cmdline(p) for p in sandbox._descendants(proc.pid) if p != proc.pid):
+        if len(workers_of(proc)) >= len(checks):
             time.sleep(1)                           # past its start: the stage file is being imported
             return proc
         if proc.poll() is not None:
@@ -233,11 +248,12 @@ def start_slow_grading(pythons, mechanism: str, folder: Path, seconds: int) -> s
 @pytest.mark.slow
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_no_command_line_names_a_snapshot_and_only_its_worker_reads_one(mechanism, pythons, tmp_path):
-    """While a worker imports the stage file, no process's command line (world-readable) names the
-    submission or its snapshot, and every snapshot file is readable by its own worker alone."""
+    """While two workers import the stage file, no process's command line (world-readable) names the
+    submission or its snapshot, and every snapshot file is readable by its own worker alone: each
+    worker of its own uid has a copy of its own."""
     sub = tmp_path / "learner-alice"
     private = sandbox.private_dir()
-    proc = start_slow_grading(pythons, mechanism, sub, 8)
+    proc = start_slow_grading(pythons, mechanism, sub, 10, checks=(CHECK, "softmax_float16"))
     try:
         mine = [private / e for e in os.listdir(private) if e.startswith(f"{proc.pid}-stage1-")]
         assert mine, os.listdir(private)
@@ -246,19 +262,19 @@ def test_no_command_line_names_a_snapshot_and_only_its_worker_reads_one(mechanis
         seen = [(pid, _cmdline(pid)) for pid in sandbox._descendants(proc.pid) if pid != proc.pid]
         leaks = [(pid, cmd) for pid, cmd in seen if any(n in cmd for n in names)]
         assert not leaks, leaks
-        workers = [pid for pid, cmd in seen if "grader.worker" in cmd]
-        uids = {os.stat(f"/proc/{pid}").st_uid for pid in workers}
+        uids = {os.stat(f"/proc/{pid}").st_uid for pid in workers_of(proc)}
         for snapshot in mine:
             for path in [snapshot, *snapshot.rglob("*")]:
                 st = path.lstat()
                 assert stat.S_IMODE(st.st_mode) & 0o077 == 0, f"{path} is {oct(st.st_mode)}"
                 assert st.st_uid in uids | {os.geteuid()}, (path, st.st_uid, uids)
-        if IS_ROOT:                                        # a worker of its own uid has a copy of its own
-            assert any(os.stat(p).st_uid in _uid_range() for p in mine), [(p, os.stat(p).st_uid) for p in mine]
+        if IS_ROOT:
+            owners = {os.stat(p).st_uid for p in mine} & set(_uid_range())
+            assert len(owners) == 2 and owners == uids, ([(p, os.stat(p).st_uid) for p in mine], uids)
     finally:
         out, err = proc.communicate(timeout=300)
-    check = graded(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    assert check["status"] == "todo" and "nothing was stolen" in check["message"], check
+    for check in graded_all(subprocess.CompletedProcess(proc.args, proc.returncode, out, err)):
+        assert check["status"] == "todo" and "nothing was stolen" in check["message"], check
 
 
 def test_a_class_s_paths_do_not_reach_the_worker(monkeypatch, tmp_path):
@@ -377,7 +393,7 @@ def test_what_a_uid_left_is_found_and_removed():
     others = Path("/var/tmp") / f"{tag}-root"
     libc = ctypes.CDLL(None, use_errno=True)
     key = 0x5EEE0000 + (os.getpid() & 0xFFFF)
-    shm = libc.shmget(key, 1 << 20, 0o1600)
+    shm = libc.shmget(key, 4 << 20, 0o1600)
     try:
         for path in mine:
             path.write_text("x")
@@ -387,6 +403,10 @@ def test_what_a_uid_left_is_found_and_removed():
         os.chown(folder, uid, uid)
         others.write_text("root's")
         assert shm >= 0
+        libc.shmat.restype = ctypes.c_void_p
+        at = libc.shmat(shm, None, 0)
+        ctypes.memset(at, 1, 4 << 20)                        # resident: it counts in the uid's memory
+        libc.shmdt(ctypes.c_void_p(at))
 
         class IpcPerm(ctypes.Structure):
             _fields_ = [("key", ctypes.c_int), ("uid", ctypes.c_uint), ("gid", ctypes.c_uint),
@@ -396,6 +416,7 @@ def test_what_a_uid_left_is_found_and_removed():
         perm = IpcPerm.from_buffer(buf)
         perm.uid = uid
         assert libc.shmctl(shm, 1, buf) == 0                 # IPC_SET: now the uid's
+        assert sandbox._sysv_shm_mb(uid) >= 4
         found = sandbox.leftovers(uid)
         assert {str(p) for p in [*mine, folder]} <= set(found) and f"sysv:shm:{shm}" in found, found
         assert str(others) not in found
@@ -451,6 +472,7 @@ def test_sigterm_removes_the_learner_s_snapshot(mechanism, pythons, tmp_path):
     and logs before it exits: nothing of the learner's waits in the grader's folder for a later sweep."""
     private = sandbox.private_dir()
     proc = start_slow_grading(pythons, mechanism, tmp_path / "sub", 90)
+    workers = workers_of(proc)
     try:
         assert any(e.startswith(f"{proc.pid}-stage1-") for e in os.listdir(private))
         proc.send_signal(signal.SIGTERM)
@@ -461,6 +483,8 @@ def test_sigterm_removes_the_learner_s_snapshot(mechanism, pythons, tmp_path):
             proc.communicate()
     left = [e for e in os.listdir(private) if e.startswith(f"{proc.pid}-")]
     assert not left, f"left in {private}: {left}"
+    time.sleep(1)
+    assert workers and not [pid for pid in workers if _is_worker(pid)], "a worker outlived its grading"
 
 
 # -- where a relative --submission points -----------------------------------------------------
