@@ -8,14 +8,17 @@ has, and says which one it used:
                 network, IPC and UTS namespaces.  Its file system holds only what learner code
                 needs, read-only: the system's programs and libraries, the Python installation,
                 the workbook's ``kernels/`` without the reference, the grader modules the
-                worker runs, and the submission's own files.  ``/tmp`` and ``/dev/shm`` are
+                worker runs, and the submission's own files (a checkout inside one of the system
+                folders bound whole, /opt say, is covered first).  ``/tmp`` and ``/dev/shm`` are
                 private, size-capped and vanish with it.  There is no network but its own
                 loopback, and no other process is visible.  Run by root, it also drops to a
                 dedicated unprivileged uid with no capabilities (``setpriv``).
     user        root without namespaces (a Docker container such as Gradescope's): the worker
                 runs as a dedicated unprivileged uid (``setpriv``), in a scratch folder of its own.
                 The answer keys, the records and the grader's temporary files are made unreadable
-                to it by their permissions.  The network is NOT cut.
+                to it by their permissions while it grades (and given back after).  What its uid
+                leaves where anyone may write, SysV IPC included, is removed when it ends.  The
+                network is cut only by the seccomp filter below, where the kernel allows one.
     none        neither is possible (no bwrap, not root): the worker runs as you, behind the
                 Python guard only.  Fine for grading your own work; never for someone else's.
 
