@@ -758,9 +758,11 @@ def _answer_key_paths(extra=()) -> list[Path]:
 
 
 def _keys_files() -> tuple[Path, Path]:
-    """The record of the modes taken away (path -> mode before), and the lock every grading that hides
-    them holds shared while its workers run."""
-    return private_dir() / "hidden-modes.json", private_dir() / "hidden-modes.lock"
+    """The record of the modes taken away in this checkout (path -> mode before), and the lock every
+    grading of this checkout that hides them holds shared while its workers run."""
+    import hashlib
+    name = f"hidden-modes-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
+    return private_dir() / f"{name}.json", private_dir() / f"{name}.lock"
 
 
 class AnswerKeys:
