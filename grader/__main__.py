@@ -94,7 +94,9 @@ def _add_stage_options(p) -> None:
     """The options of ``python -m grader stageN`` (and of several stages: ``stage5,stage6``)."""
     p.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
     p.add_argument("--submission", metavar="DIR", help="grade the stage files in DIR (or DIR/stages) instead")
-    p.add_argument("--notebook", action="store_true", help="also run the stage's notebook with nbval")
+    p.add_argument("--notebook", action="store_true",
+                   help="also run the stage's notebook with nbval, as you, outside the sandbox (so not with "
+                        "--submission)")
     p.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable; --list names them)")
     p.add_argument("--list", action="store_true", dest="list_checks",
                    help="list the stage's checks, their points and what they need, and run nothing")
