@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 STAGE_NAMES = [f"stage{n}" for n in range(1, 10)]
@@ -93,7 +94,9 @@ def _add_stage_options(p) -> None:
     """The options of ``python -m grader stageN`` (and of several stages: ``stage5,stage6``)."""
     p.add_argument("--solutions", action="store_true", help="grade solutions/ instead of stages/")
     p.add_argument("--submission", metavar="DIR", help="grade the stage files in DIR (or DIR/stages) instead")
-    p.add_argument("--notebook", action="store_true", help="also run the stage's notebook with nbval")
+    p.add_argument("--notebook", action="store_true",
+                   help="also run the stage's notebook with nbval, as you, outside the sandbox (so not with "
+                        "--submission)")
     p.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable; --list names them)")
     p.add_argument("--list", action="store_true", dest="list_checks",
                    help="list the stage's checks, their points and what they need, and run nothing")
@@ -241,6 +244,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.command == "grade":
         if args.solutions and args.submission:
             args.parser.error("--solutions and --submission choose different files: give one")
+        if args.submission:         # a folder named by the person typing: relative to where they are
+            args.submission = os.path.abspath(args.submission)
+        if args.notebook and args.submission:
+            from grader.notebook import refusal
+            why = refusal(args.submission, args.isolation)
+            if why:
+                args.parser.error(why)
         if args.out and args.format == "table":
             args.parser.error("--out goes with --format json or --format gradescope")
     if args.command == "release" and (args.autograder or args.through) and not args.to:

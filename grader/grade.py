@@ -18,10 +18,12 @@ them is one line, "k hidden checks: x/y points", with neither names nor messages
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import textwrap
@@ -108,9 +110,10 @@ def _snapshot(stage: Stage, source: str) -> Path:
     """Copy the stage's files to a private folder, so grading never touches (or is touched by) them.
 
     Only plain files are copied, never through a link (files.read_plain); the copy lives in the
-    grader's own folder under a name no other worker can list (sandbox.private_dir).  A file that
-    includes code of an earlier stage is copied expanded (kernels/includes.py): the worker sees
-    nothing but this folder.
+    grader's own folder under a name no other worker can list (sandbox.private_dir), readable by
+    the grader alone (a folder of mode 0700, files of 0600): a worker under a uid of its own is
+    given a copy only that uid may read (sandbox.Sandbox).  A file that includes code of an earlier
+    stage is copied expanded (kernels/includes.py): the worker sees nothing but this folder.
     """
     src = loader.source_dir(source)
     if os.path.islink(src) or (str(source) not in ("stages", "solutions") and os.path.islink(Path(source))):
@@ -119,13 +122,13 @@ def _snapshot(stage: Stage, source: str) -> Path:
         raise files.UnsafeFile("stages/ is a symbolic link: the grader reads only plain files and folders")
     tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{stage.name}-", dir=sandbox.private_dir()))
     try:
-        os.chmod(tmp, 0o755)  # the worker (perhaps another uid) reads it; its parent is not listable
+        os.chmod(tmp, 0o700)
         for name in stage.files():
             data = files.read_plain(src / name)
             if data is not None and name.endswith(".py") and includes.has_includes(data.decode(errors="replace")):
                 data = includes.expand(data.decode(), name, lambda m: _plain_text(src / f"{m}.py")).encode()
             if data is not None:
-                fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with open(fd, "wb") as f:
                     f.write(data)
     except BaseException:
@@ -342,58 +345,72 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
         result.results = [CheckResult(c.name, c.points, 0, "todo", f"{path} does not exist", hidden=c.hidden)
                           for c in checks]
         return result
-    try:
-        untouched = str(source) != "solutions" and release.is_untouched(path)
-        snapshot = None if untouched else _snapshot(stage, source)
-    except files.UnsafeFile as exc:
-        result.status = "refused"
-        result.results = [CheckResult(c.name, c.points, 0, "FAIL", str(exc), hidden=c.hidden) for c in checks]
-        return result
-    if untouched:
-        result.status = "not started"
-        result.results = [CheckResult(c.name, c.points, 0, "todo", "not started", hidden=c.hidden) for c in checks]
-        return result
+    with _cleaned_on_sigterm():
+        try:
+            untouched = str(source) != "solutions" and release.is_untouched(path)
+            snapshot = None if untouched else _snapshot(stage, source)
+        except files.UnsafeFile as exc:
+            result.status = "refused"
+            result.results = [CheckResult(c.name, c.points, 0, "FAIL", str(exc), hidden=c.hidden) for c in checks]
+            return result
+        if untouched:
+            result.status = "not started"
+            result.results = [CheckResult(c.name, c.points, 0, "todo", "not started", hidden=c.hidden)
+                              for c in checks]
+            return result
+        try:
+            return _grade_snapshot(stage, source, snapshot, result, checks, limits, jobs, seed, deadline, only,
+                                   on_result, started)
+        finally:
+            shutil.rmtree(snapshot, ignore_errors=True)
+
+
+def _grade_snapshot(stage, source, snapshot, result, checks, limits, jobs, seed, deadline, only, on_result, started):
+    """The rest of grade_stage, once the learner's files are in ``snapshot`` (which the caller removes)."""
+    folder = loader.source_dir(source)
+    path = folder / f"{stage.module}.py"
     try:                               # after the cheap answers above: a stage not started runs nothing
         mechanism = sandbox.choose()
     except sandbox.IsolationError as exc:
-        shutil.rmtree(snapshot, ignore_errors=True)
         result.status = "not graded"
         result.results = [CheckResult(c.name, c.points, 0, "crash", str(exc), hidden=c.hidden) for c in checks]
         return result
     result.isolation = mechanism.name
 
-    # Learner code reads its files from the snapshot; the folder they came from is none of its business.
+    # Learner code reads its files from the snapshot; the folder they came from is none of its business,
+    # nor are a batch's other submissions and records (its grader's environment names them).
     private = [] if folder in (loader.ROOT / "stages", loader.ROOT / "solutions") else [folder]
-    if mechanism.name == "user":
-        sandbox.protect_answer_keys(private)
+    private += _env_paths("WORKBOOK_PRIVATE")
+    protected = _env_paths("WORKBOOK_PROTECT")
+    keys = sandbox.AnswerKeys(private + protected) if mechanism.name == "user" else contextlib.nullcontext()
     # Grading your own files again reuses the kernels compiled last time; other people's code (a
     # batch, or a folder given by path) starts from an empty cache.
     own = str(source) in ("stages", "solutions") and not os.environ.get("WORKBOOK_PRIVATE")
     cache = sandbox.compile_cache(str(source)) if own and mechanism.name != "none" else None
 
     def runner():
-        return Runner(stage.module, str(snapshot), limits=limits, private=private, mechanism=mechanism, cache=cache)
+        return Runner(stage.module, str(snapshot), limits=limits, private=private, protected=protected,
+                      mechanism=mechanism, cache=cache)
 
     result.workers = max(1, min(jobs, len(checks)))
     order, spent = (_longest_first(stage, checks) if own else None), {}
-    try:
+    with keys:
         results, failed_import = _run_checks(checks, runner, seed, deadline, limits, result.workers, on_result,
                                              stage.module, order=order, spent=spent)
-        if failed_import is None:
-            result.results = results
-            if own and only is None:
-                _remember_durations(stage, results, spent)
-        else:
-            exc, tail = failed_import
-            result.status = "import error"
-            msg = _import_message(exc, path.name, stage.module)
-            msg += f"; last output: {tail}" if tail else ""
-            status = "timeout" if exc.timed_out else "crash"
-            result.results = [CheckResult(c.name, c.points, 0, status, msg, hidden=c.hidden) for c in checks]
-    finally:
-        shutil.rmtree(snapshot, ignore_errors=True)
+    if failed_import is None:
+        result.results = results
+        if own and only is None:
+            _remember_durations(stage, results, spent)
+    else:
+        exc, tail = failed_import
+        result.status = "import error"
+        msg = _import_message(exc, path.name, stage.module)
+        msg += f"; last output: {tail}" if tail else ""
+        status = "timeout" if exc.timed_out else "crash"
+        result.results = [CheckResult(c.name, c.points, 0, status, msg, hidden=c.hidden) for c in checks]
+    copies = re.compile(re.escape(str(snapshot)) + r"(-w\d+)?")       # the snapshot, and each worker's copy of it
     for r in result.results:           # name the learner's file, not the private copy, in messages
-        r.message = r.message.replace(str(snapshot), str(folder))
+        r.message = copies.sub(lambda _: str(folder), r.message)
     result.seconds = time.monotonic() - started
     return result
 
@@ -412,6 +429,29 @@ def _import_message(exc: ImportFailed, name: str, module: str) -> str:
         where = ""                   # no line of the learner's file is involved: the message says it all
     where = re.sub(r'^File "[^"]*/([^"/]+)", line (\d+), in ', r"\1 line \2, in ", where)
     return f"{name} could not be imported: {exc.type_name}: {exc.message}" + (f" ({where})" if where else "")
+
+
+def _env_paths(name: str) -> list[Path]:
+    return [Path(p) for p in os.environ.get(name, "").split(os.pathsep) if p]
+
+
+@contextlib.contextmanager
+def _cleaned_on_sigterm():
+    """SIGTERM (a scheduler's stop, ``kill``) ends a grading as Ctrl-C does: its workers are stopped
+    and the snapshot of the learner's files is removed, not left for the next grading to sweep.
+    Only where nobody else chose what SIGTERM does (the main thread, the default action)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits, jobs: int, on_result, module: str,
@@ -481,7 +521,7 @@ def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits,
         try:
             for t in threads:
                 t.join()
-        except KeyboardInterrupt:         # stop every worker, as leaving a single Runner's block would
+        except (KeyboardInterrupt, SystemExit):      # stop every worker, as leaving a Runner's block would
             for r in list(runners):
                 r.close()
             raise

@@ -8,14 +8,17 @@ has, and says which one it used:
                 network, IPC and UTS namespaces.  Its file system holds only what learner code
                 needs, read-only: the system's programs and libraries, the Python installation,
                 the workbook's ``kernels/`` without the reference, the grader modules the
-                worker runs, and the submission's own files.  ``/tmp`` and ``/dev/shm`` are
+                worker runs, and the submission's own files (a checkout inside one of the system
+                folders bound whole, /opt say, is covered first).  ``/tmp`` and ``/dev/shm`` are
                 private, size-capped and vanish with it.  There is no network but its own
                 loopback, and no other process is visible.  Run by root, it also drops to a
                 dedicated unprivileged uid with no capabilities (``setpriv``).
     user        root without namespaces (a Docker container such as Gradescope's): the worker
                 runs as a dedicated unprivileged uid (``setpriv``), in a scratch folder of its own.
                 The answer keys, the records and the grader's temporary files are made unreadable
-                to it by their permissions.  The network is NOT cut.
+                to it by their permissions while it grades (and given back after).  What its uid
+                leaves where anyone may write, SysV IPC included, is removed when it ends.  The
+                network is cut only by the seccomp filter below, where the kernel allows one.
     none        neither is possible (no bwrap, not root): the worker runs as you, behind the
                 Python guard only.  Fine for grading your own work; never for someone else's.
 
@@ -44,6 +47,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Self
 
 from kernels.loader import ROOT
 
@@ -139,19 +143,24 @@ def _remembered(name: str) -> tuple[None, bool] | None:
     return (None, seccomp) if isinstance(seccomp, bool) else None
 
 
-def _remember(name: str, seccomp: bool) -> None:
+def _write_record(path: Path, record: dict) -> None:
+    """Replace ``path`` with the JSON of ``record``, mode 0600, at once (a reader sees old or new)."""
     import json
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with open(fd, "w") as f:
+        f.write(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def _remember(name: str, seccomp: bool) -> None:
     try:
         path = _probes_file()
         key = _probe_key(name)
         boot = key.split("|")[2]
         known = {k: v for k, v in _own_record(path).items() if k.split("|")[2:3] == [boot]}   # this boot's only
         known[key] = seccomp
-        tmp = path.with_name(f".probes.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with open(fd, "w") as f:
-            f.write(json.dumps(known))
-        os.replace(tmp, path)
+        _write_record(path, known)
     except OSError:
         pass                                    # no record: the next grading probes again
 
@@ -177,13 +186,20 @@ def _probe(name: str) -> tuple[str | None, bool]:
         return remembered
     uid = UID_BASE + UID_SLOTS  # a probe uid outside the slots workers use
     import os as stdlib_os  # the probe's Python must find the same standard library as the grader's
+    # Inside bubblewrap the answer keys must not be there at all, wherever the workbook is checked out.
+    keys = [str(ROOT / p) for p in ANSWER_KEYS] if name == "bubblewrap" else []
     script = ("import os, torch, kernels.runtime\nfrom grader.sandbox import forbid_network\n"
+              f"seen = [p for p in {keys!r} if os.path.exists(p)]\n"
+              "assert not seen, f'the sandbox shows the answer keys: {seen}'\n"
               "print(os.__file__)\nprint(forbid_network())")
-    cmd = Sandbox(Mechanism(name), View(readable=()), uid=uid).command([sys.executable, "-c", script])
+    box = Sandbox(Mechanism(name), View(readable=()), uid=uid)
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=120, cwd=ROOT, env=_worker_env(home="/tmp", uid=uid))
+        done = subprocess.run(box.command([sys.executable, "-c", script]), capture_output=True, timeout=120, cwd=ROOT,
+                              env=_worker_env(home="/tmp", uid=uid))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"could not start a probe: {exc}", False
+    finally:
+        box.remove_files()
     if done.returncode != 0:
         err = done.stderr.decode(errors="replace").strip().splitlines()
         return f"a probe failed: {err[-1] if err else f'exit status {done.returncode}'}", False
@@ -238,6 +254,7 @@ def checked_env(mechanism: Mechanism) -> dict[str, str]:
 class View:
     """The folders and files a worker may read, besides the system and the Python installation."""
     readable: tuple = ()                           # e.g. the submission's snapshot
+    hidden: tuple = ()                             # folders it must not see even inside a system folder
     gpu: bool = field(default_factory=lambda: bool(glob.glob("/dev/nvidia*")))
 
     def python_roots(self) -> list[str]:
@@ -250,8 +267,25 @@ class View:
         files = [p for p in sorted((ROOT / "kernels").glob("*.py")) if p.name != "reference.py"]
         return files + [ROOT / "grader" / name for name in WORKER_MODULES]
 
+    def covered(self) -> list[str]:
+        """The workbook and the ``hidden`` folders that lie inside a system folder bound whole (a checkout
+        under /opt, /usr or /etc): each gets an empty tmpfs over it, so that its answer keys, submissions
+        and records are not seen through the system's bind; what the worker needs is bound again on top."""
+        system = [s for s in _SYSTEM if os.path.isdir(s) and not os.path.islink(s)]
+        found = set()
+        for path in (ROOT, *self.hidden):
+            real = os.path.realpath(path)
+            if any(_under(real, s) for s in system):
+                found.add(real)
+        return sorted(p for p in found if not any(p != o and _under(p, o) for o in found))
 
-def _bind_args(view: View, *, tmp_mb: int, shm_mb: int) -> list[str]:
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _bind_args(view: View, *, tmp_mb: int, shm_mb: int, copies: dict | None = None) -> list[str]:
+    """bwrap's options for ``view``; ``copies`` maps a readable folder to the copy bound in its place."""
     args: list[str] = []
     for path in _SYSTEM:
         if os.path.islink(path):        # merged /usr: /bin -> usr/bin
@@ -261,17 +295,34 @@ def _bind_args(view: View, *, tmp_mb: int, shm_mb: int) -> list[str]:
     args += ["--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
              "--perms", "1777", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm"]
+    covers = view.covered()
     # A venv inside the workbook is bound whole; of the rest of the workbook, only the files listed.
     binds = [*view.python_roots(), *map(str, view.workbook_files()), *map(str, view.readable)]
+    # A bind that holds a covered folder goes first (the cover hides what it must of it); all others after.
+    first = [b for b in binds if any(_under(c, os.path.realpath(b)) for c in covers)]
+    later = [b for b in binds if b not in first]
     made: set[str] = set()
-    for path in binds:                  # folders on the way, readable (bwrap would make them 0700)
-        for parent in reversed(Path(path).parents[:-1]):
-            p = str(parent)
-            if p not in made and not any(p == s or p.startswith(s + "/") for s in _SYSTEM):
-                args += ["--perms", "0755", "--dir", p]
-                made.add(p)
-    for path in binds:
-        args += ["--ro-bind", path, path]
+
+    def folders_on_the_way(paths) -> None:     # readable (bwrap would make them 0700)
+        for path in paths:
+            for parent in reversed(Path(path).parents[:-1]):
+                p = str(parent)
+                inside = [c for c in covers if _under(p, c)]
+                exists = any(_under(p, s) for s in _SYSTEM) and not (inside and p not in inside)
+                if p not in made and not exists:
+                    args.extend(["--perms", "0755", "--dir", p])
+                    made.add(p)
+
+    def bind(paths) -> None:
+        for path in paths:
+            args.extend(["--ro-bind", str((copies or {}).get(path, path)), path])
+
+    folders_on_the_way(first)
+    bind(first)
+    for cover in covers:
+        args += ["--perms", "0755", "--size", str(1 << 20), "--tmpfs", cover]
+    folders_on_the_way(later)
+    bind(later)
     if view.gpu:
         for dev in sorted(glob.glob("/dev/nvidia*")):
             args += ["--dev-bind", dev, dev]
@@ -355,6 +406,10 @@ def _cache_env(cache: str) -> dict[str, str]:
 NO_AUTOTUNE = {"WORKBOOK_AUTOTUNE": "0"}
 
 
+#: A batch's submissions and records (grader/guard.py reads them in the grader, never in a worker).
+_CLASS_PATHS = ("WORKBOOK_PRIVATE", "WORKBOOK_PROTECT")
+
+
 def _worker_env(*, home: str | None, uid: int | None) -> dict[str, str]:
     """A clean environment: nothing of the grader's own (tokens, paths to records) reaches the worker.
 
@@ -362,11 +417,12 @@ def _worker_env(*, home: str | None, uid: int | None) -> dict[str, str]:
     and with it your compile caches.  Either way it does not autotune (kernels/tuning.py): a check
     needs a right answer, not the fastest tile, and timing every tile of a table is most of a cold
     grading's compiling."""
-    if home is None:
-        return dict(os.environ, PYTHONUNBUFFERED="1", **NO_AUTOTUNE)
+    if home is None:                # a class's paths reach the worker only through its guard's config
+        return {**{k: v for k, v in os.environ.items() if k not in _CLASS_PATHS}, "PYTHONUNBUFFERED": "1",
+                **NO_AUTOTUNE}
     keep = ("PATH", "LANG", "LC_ALL", "TERM", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
             "CUDA_HOME", "CUDA_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "WORKBOOK_SEED", "TORCH_CUDA_ARCH_LIST",
-            "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "WORKBOOK_PRIVATE", "WORKBOOK_PROTECT")
+            "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.update(NO_AUTOTUNE, HOME=home, TMPDIR=home, USER="learner",
                LOGNAME="learner", PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1",
@@ -390,6 +446,8 @@ class Sandbox:
             self.uid, self._uid_lock = _claim_uid()
         self.cgroup = None
         self.scratch: str | None = None
+        self.copies: dict[str, str] = {}   # a readable folder -> the worker's own copy of it (a dedicated uid)
+        self._made: list[str] = []         # files made for the grader (bwrap's options): removed on close
 
     def home(self) -> str | None:
         """The worker's home and temporary folder: a tmpfs inside bubblewrap, a scratch folder of
@@ -406,7 +464,17 @@ class Sandbox:
             os.chmod(self.scratch, 0o700)
         if self.cache is not None and self.uid is not None:
             _share(self.cache)
+        if self.uid is not None and self.mechanism.name != "none":
+            for folder in map(str, self.view.readable):
+                if os.path.isdir(folder) and not os.path.islink(folder):
+                    self.copies[folder] = _copy_for(folder, self.uid)
         self.cgroup = CGroup.make(self.memory_mb, self.processes)
+
+    def worker_path(self, folder: str) -> str:
+        """Where the worker finds the readable ``folder``: its own copy's path for a dedicated uid without
+        bubblewrap, else the same path (bubblewrap binds the copy there)."""
+        folder = str(folder)
+        return self.copies.get(folder, folder) if self.mechanism.name == "user" else folder
 
     def command(self, argv: list[str]) -> list[str]:
         """``argv`` wrapped so that it runs inside this sandbox."""
@@ -418,16 +486,28 @@ class Sandbox:
         if self.mechanism.name == "bubblewrap":
             # Not root: a user namespace lets bwrap make the others; the worker stays your uid.
             users = ["--unshare-user"] if os.geteuid() != 0 else []
-            cmd += ["bwrap", "--die-with-parent", "--new-session", *users, "--unshare-pid", "--unshare-net",
-                    "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "workbook",
-                    *_bind_args(self.view, tmp_mb=self.disk_mb, shm_mb=self.memory_mb),
-                    *(["--bind", str(self.cache), CACHE_MOUNT] if self.cache is not None else []),
-                    "--chdir", str(ROOT), "--"]
+            options = ["--die-with-parent", "--new-session", *users, "--unshare-pid", "--unshare-net",
+                       "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "workbook",
+                       *_bind_args(self.view, tmp_mb=self.disk_mb, shm_mb=self.memory_mb, copies=self.copies),
+                       *(["--bind", str(self.cache), CACHE_MOUNT] if self.cache is not None else []),
+                       "--chdir", str(ROOT)]
+            # The options name the submission's folders: any process may read a command line
+            # (/proc/PID/cmdline), so bwrap reads them from its standard input (--args 0), a file only
+            # the grader can read, and the worker gets /dev/null as its own.
+            cmd += ["/bin/sh", "-c", 'exec <"$1"; shift; exec "$@"', "with-options", self._options_file(options),
+                    "bwrap", "--args", "0", "--", "/bin/sh", "-c", 'exec "$@" </dev/null', "worker"]
         if self.uid is not None:
             groups = [f"--groups={CACHE_GID}"] if self.cache is not None else ["--clear-groups"]
             cmd += ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", *groups, "--no-new-privs",
                     "--inh-caps=-all", "--bounding-set=-all", "--"]
         return cmd + list(argv)
+
+    def _options_file(self, options: list[str]) -> str:
+        fd, path = tempfile.mkstemp(prefix=f"{os.getpid()}-bwrap-", dir=private_dir())     # 0600, the grader's
+        with open(fd, "wb") as f:
+            f.write(b"".join(o.encode() + b"\0" for o in options))
+        self._made.append(path)
+        return path
 
     @property
     def umask(self) -> int:
@@ -447,7 +527,7 @@ class Sandbox:
         if self.cgroup is not None:
             total = max(total, self.cgroup.usage_mb())
         if self.uid is not None and self.mechanism.name == "user":
-            total += _files_mb("/dev/shm", self.uid)
+            total += _files_mb("/dev/shm", self.uid) + _sysv_shm_mb(self.uid)
         return total
 
     def disk_mb_used(self) -> int:
@@ -468,11 +548,20 @@ class Sandbox:
         if self.cgroup is not None:
             self.cgroup.kill()
 
+    def remove_files(self) -> None:
+        """Remove what this sandbox wrote for the worker: bwrap's options, the worker's copies."""
+        for path in self._made:
+            _unlink(path)
+        self._made = []
+        for copy in self.copies.values():
+            shutil.rmtree(copy, ignore_errors=True)
+        self.copies = {}
+
     def close(self) -> None:
         self.kill_all()
         if self.uid is not None and self.mechanism.name == "user":
-            for path in _owned_files("/dev/shm", self.uid) + _owned_files(tempfile.gettempdir(), self.uid, depth=1):
-                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _unlink(path)
+            remove_leftovers(self.uid)
+        self.remove_files()
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
@@ -503,6 +592,7 @@ def _claim_uid() -> tuple[int, int]:
         if _processes_of(uid):  # a grader that was killed left them: they go first
             subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "kill", "-KILL", "-1"],
                            capture_output=True, timeout=30)
+        remove_leftovers(uid)   # and what they left, before the uid serves anyone else
         return uid, fd
     raise IsolationError(f"all {UID_SLOTS} worker uids are in use")
 
@@ -543,20 +633,229 @@ def _sweep(folder: Path) -> None:
         shutil.rmtree(target, ignore_errors=True) if target.is_dir() and not target.is_symlink() else _unlink(target)
 
 
-def protect_answer_keys(extra=()) -> list[str]:
-    """For the ``user`` mechanism: make the answer keys (and ``extra`` folders, e.g. a batch's
-    submissions and records) unreadable to other users.  Returns what was changed."""
+def _copy_for(folder: str, uid: int) -> str:
+    """A copy of the grader's own ``folder`` (a snapshot: plain files) that only ``uid`` may read: a
+    folder of mode 0700 and files of mode 0600, owned by ``uid``, in the grader's folder.  Workers of
+    one grading each get their own, so no snapshot is ever readable by another worker's uid."""
+    copy = f"{folder}-w{uid}" if os.path.dirname(folder) == str(private_dir()) else \
+        tempfile.mkdtemp(prefix=f"{os.getpid()}-view-", dir=private_dir())
+    os.makedirs(copy, mode=0o700, exist_ok=True)
+    os.chown(copy, uid, uid)
+    os.chmod(copy, 0o700)
+    for top, dirs, names, top_fd in os.fwalk(folder, follow_symlinks=False):
+        target = os.path.join(copy, os.path.relpath(top, folder))
+        for name in dirs:
+            os.mkdir(os.path.join(target, name), 0o700)
+            os.chown(os.path.join(target, name), uid, uid)
+        for name in names:
+            try:
+                src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=top_fd)
+            except OSError:
+                continue                        # a link, or not a file: nothing the worker is given
+            with open(src, "rb") as f:
+                data = f.read()
+            fd = os.open(os.path.join(target, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
+                os.fchown(f.fileno(), uid, uid)
+                f.write(data)
+    return copy
+
+
+# -- what a dedicated uid leaves behind -----------------------------------------------------------
+#: Folders every user may write to: what a worker's uid made there is removed when it ends.
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm", "/dev/mqueue")
+_IPC = {"shm": "-m", "sem": "-s", "msg": "-q"}        # /proc/sysvipc/<kind> -> ipcrm's option
+
+
+def leftovers(uid: int) -> list[str]:
+    """What ``uid`` left where any user may write: its files and folders in the world-writable folders
+    (SHARED_FOLDERS, the temporary folder, and world-writable folders inside them), and its SysV
+    shared memory, semaphores and message queues (as ``sysv:<kind>:<id>``)."""
+    found: list[str] = []
+    tops = {os.path.realpath(t) for t in (*SHARED_FOLDERS, tempfile.gettempdir()) if os.path.isdir(t)}
+    todo = sorted(tops)
+    seen: set[tuple[int, int]] = set()
+    while todo:
+        folder = todo.pop()
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for name in entries:
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if st.st_uid == uid:
+                found.append(path)
+            elif stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))   # a folder anyone may write to: the uid may have, too
+                todo.append(path)
+    return found + [f"sysv:{kind}:{ident}" for kind, ident in _sysv_objects(uid)]
+
+
+def _sysv_objects(uid: int) -> list[tuple[str, int]]:
+    """(kind, id) of the SysV IPC objects ``uid`` owns or made, from /proc/sysvipc."""
+    found = []
+    for kind in _IPC:
+        try:
+            lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        except OSError:
+            continue
+        if not lines:
+            continue
+        head = lines[0].split()
+        for line in lines[1:]:
+            row = dict(zip(head, line.split()))
+            try:
+                if uid in (int(row["uid"]), int(row["cuid"])):
+                    found.append((kind, int(row[{"shm": "shmid", "sem": "semid", "msg": "msqid"}[kind]])))
+            except (KeyError, ValueError):
+                continue
+    return found
+
+
+def _sysv_shm_mb(uid: int) -> int:
+    """The memory of the SysV shared-memory segments ``uid`` owns: it outlives any process."""
+    total = 0
+    try:
+        lines = Path("/proc/sysvipc/shm").read_text().splitlines()
+    except OSError:
+        return 0
+    head = lines[0].split() if lines else []
+    for line in lines[1:]:
+        row = dict(zip(head, line.split()))
+        try:
+            if uid in (int(row["uid"]), int(row["cuid"])):
+                total += int(row.get("rss", row["size"])) + int(row.get("swap", 0))
+        except (KeyError, ValueError):
+            continue
+    return total >> 20
+
+
+def remove_leftovers(uid: int) -> list[str]:
+    """Remove what ``uid`` left (``leftovers``), after its processes are gone; returns what it removed.
+    A folder is removed whole, without following links (shutil.rmtree does not)."""
+    removed = []
+    for item in leftovers(uid):
+        if item.startswith("sysv:"):
+            _, kind, ident = item.split(":")
+            subprocess.run(["ipcrm", _IPC[kind], ident], check=False, capture_output=True, timeout=30)
+        elif os.path.isdir(item) and not os.path.islink(item):
+            shutil.rmtree(item, ignore_errors=True)
+        else:
+            _unlink(item)
+        removed.append(item)
+    return removed
+
+
+# -- answer keys out of reach of a dedicated uid --------------------------------------------------
+def _answer_key_paths(extra=()) -> list[Path]:
+    paths = [ROOT / p for p in ANSWER_KEYS] + list(map(Path, glob.glob(str(ROOT / "kernels" / "__pycache__" /
+                                                                           "reference.*"))))
+    return [*paths, *map(Path, extra)]
+
+
+def _keys_files() -> tuple[Path, Path]:
+    """The record of the modes taken away in this checkout (path -> mode before), and the lock every
+    grading of this checkout that hides them holds shared while its workers run."""
+    import hashlib
+    name = f"hidden-modes-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
+    return private_dir() / f"{name}.json", private_dir() / f"{name}.lock"
+
+
+class AnswerKeys:
+    """For the ``user`` mechanism: while it is held, the answer keys (and ``extra`` folders: the
+    submission graded, a batch's submissions and records) are unreadable to other users.
+
+    Several gradings of one checkout may run at once: each holds a shared lock while its workers
+    run, and the last one out gives every mode back, as recorded (in the grader's own folder) when
+    it was taken away.  A grading that was killed leaves the record: the next one out restores it.
+    """
+
+    def __init__(self, extra=()):
+        self.extra = [str(p) for p in extra]
+        self._fd: int | None = None
+
+    def __enter__(self) -> Self:
+        import fcntl
+        record, lock = _keys_files()
+        self._fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)         # waits while a grading gives the modes back
+        with _locked(record.with_suffix(".state")):
+            modes = _own_record(record)
+            for path in _answer_key_paths(self.extra):
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if st.st_mode & 0o077 and not stat.S_ISLNK(st.st_mode):
+                    modes.setdefault(str(path), stat.S_IMODE(st.st_mode))
+                    _write_record(record, modes)      # recorded before it is changed: a kill loses nothing
+                    os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+        if self._fd is None:
+            return
+        record, _ = _keys_files()
+        try:
+            with _locked(record.with_suffix(".state")):
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # no other grading holds them
+                except OSError:
+                    return
+                restore_modes()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+
+def restore_modes() -> list[str]:
+    """Give back every mode an AnswerKeys took away, as recorded; returns the paths changed."""
+    record, _ = _keys_files()
     changed = []
-    paths = [ROOT / p for p in ANSWER_KEYS] + list(glob.glob(str(ROOT / "kernels" / "__pycache__" / "reference.*")))
-    for path in [*paths, *map(Path, extra)]:
+    for path, mode in _own_record(record).items():
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if st.st_mode & 0o077:
-            os.chmod(path, st.st_mode & ~0o077 & 0o7777)
-            changed.append(str(path))
+        if not stat.S_ISLNK(st.st_mode) and isinstance(mode, int):
+            os.chmod(path, (stat.S_IMODE(st.st_mode) & ~0o077) | (mode & 0o077))
+            changed.append(path)
+    _unlink(str(record))
     return changed
+
+
+class _locked:
+    """An exclusive lock on ``path`` (made 0600) for the length of a ``with`` block."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        import fcntl
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+_held: list[AnswerKeys] = []
+
+
+def protect_answer_keys(extra=()) -> None:
+    """For the ``user`` mechanism: hide the answer keys (and ``extra`` folders, e.g. a batch's
+    submissions and records) from other users until this process ends (AnswerKeys); their modes
+    come back when it exits, or when the last grading that hid them ends."""
+    import atexit
+    keys = AnswerKeys(extra).__enter__()
+    if not _held:
+        atexit.register(lambda: [k.__exit__() for k in _held])
+    _held.append(keys)
 
 
 # -- cgroups: memory of every kind, and processes ------------------------------------------------

@@ -321,26 +321,34 @@ class Runner:
     def _start(self, timeout: float) -> None:
         if self._sandbox is None:
             self._sandbox = sandbox.Sandbox(
-                self.mechanism, sandbox.View(readable=(str(loader_dir(self.source)),)), memory_mb=self.limits.memory_mb,
-                processes=self.limits.processes, disk_mb=self.limits.disk_mb, cache=self.cache)
+                self.mechanism, sandbox.View(readable=(str(loader_dir(self.source)),),
+                                             hidden=self._private + self._protected),
+                memory_mb=self.limits.memory_mb, processes=self.limits.processes, disk_mb=self.limits.disk_mb,
+                cache=self.cache)
             self._sandbox.open()
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
         log_r, log_w = os.pipe()
+        config_r, config_w = os.pipe()
         self._death = None
-        config = {"stage": self.stage, "source": self.source, "limits": asdict(self.limits),
+        folder = str(loader_dir(self.source))
+        seen_as = self._sandbox.worker_path(folder)      # a copy of its own, for a worker of its own uid
+        source = seen_as if seen_as != folder else self.source
+        config = {"stage": self.stage, "source": source, "limits": asdict(self.limits),
                   "parent_pid": 0 if self.mechanism.name == "bubblewrap" else os.getpid(),
                   "private": self._private, "protected": self._protected,
                   "own_uid": self._sandbox.uid is not None,
                   "cut_network": self.mechanism.name != "none" and self.mechanism.seccomp}
-        argv = [sys.executable, "-m", "grader.worker", str(to_worker_r), str(from_worker_w), json.dumps(config)]
+        # The config names the submission's folders: through a pipe, not the command line anyone may read.
+        threading.Thread(target=_write_all, args=(config_w, json.dumps(config).encode()), daemon=True).start()
+        argv = [sys.executable, "-m", "grader.worker", str(to_worker_r), str(from_worker_w), str(config_r)]
         try:
             self._proc = subprocess.Popen(
                 self._sandbox.command(argv), cwd=sandbox.ROOT if self.mechanism.name != "bubblewrap" else "/",
                 env=self._sandbox.env(), stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
-                pass_fds=(to_worker_r, from_worker_w), start_new_session=True, umask=self._sandbox.umask)
+                pass_fds=(to_worker_r, from_worker_w, config_r), start_new_session=True, umask=self._sandbox.umask)
         finally:
-            for fd in (to_worker_r, from_worker_w, log_w):
+            for fd in (to_worker_r, from_worker_w, log_w, config_r):
                 os.close(fd)
         self._conn = _GraderPipes(to_worker_w, from_worker_r)
         self._drain = threading.Thread(target=self._drain_output, args=(log_r, self._proc), daemon=True)
@@ -581,9 +589,19 @@ class _GraderPipes:
                 pass
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` to the pipe ``fd`` and close it (a worker that died before reading it: nothing)."""
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+    except OSError:
+        pass
+
+
 def _child_main(argv: list[str]) -> None:
-    """``python -m grader.worker FD_IN FD_OUT CONFIG``: the worker, as the sandbox starts it."""
-    fd_in, fd_out, config = int(argv[0]), int(argv[1]), json.loads(argv[2])
+    """``python -m grader.worker FD_IN FD_OUT FD_CONFIG``: the worker, as the sandbox starts it."""
+    with open(int(argv[2]), "rb") as f:
+        fd_in, fd_out, config = int(argv[0]), int(argv[1]), json.loads(f.read())
     limits = Limits(**config["limits"])
     _worker_main(_Pipes(fd_in, fd_out), config["stage"], config["source"], limits, config["parent_pid"],
                  tuple(config["private"]), tuple(config["protected"]), own_uid=config["own_uid"],
