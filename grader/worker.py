@@ -13,7 +13,7 @@ Arguments travel as plain pickles, never as shared memory, so nothing the worker
 inputs can reach the grader's tensors.  Learner code runs in the worker and can write anything to
 its pipe, so the grader trusts nothing that comes back:
 
-* every read and write on the pipes has the call's deadline (non-blocking pipes, select): a
+* every read and write on the pipes has the call's deadline (non-blocking pipes, poll): a
   worker that sends part of a reply and stops, or stops reading its requests, times out as a hang
   does, and is killed;
 * a reply may hold at most ``limits.reply_bytes`` (sized by the call's inputs, far below the
@@ -538,7 +538,7 @@ class Runner:
             if left <= 0:
                 raise self._timed_out(timeout, "sending the call's inputs to the worker",
                                       ", which stopped reading them")
-            readable, writable, _ = select.select([fd_in], [fd_out], [], min(left, _POLL))
+            readable, writable = self._conn.wait(min(left, _POLL), write=True)
             if readable:
                 try:
                     early = os.read(fd_in, 1)
@@ -573,7 +573,7 @@ class Runner:
             if left <= 0:
                 detail = "; the worker had sent part of a reply and stopped" if started or pos else ""
                 raise self._timed_out(timeout, phase, detail)
-            readable, _, _ = select.select([fd_in], [], [], min(left, _POLL))
+            readable, _ = self._conn.wait(min(left, _POLL), write=False)
             if readable:
                 try:
                     got = os.readv(fd_in, [view[pos:pos + _CHUNK]])
@@ -695,6 +695,17 @@ class _GraderPipes:
         for fd in (fd_out, fd_in):
             os.set_blocking(fd, False)
         self.fds = (fd_in, fd_out)
+
+    def wait(self, timeout: float, *, write: bool) -> tuple[bool, bool]:
+        """Within ``timeout`` seconds: whether the reply pipe can be read (or has closed) and, with
+        ``write``, whether the request pipe can be written (or has closed).  poll, not select: any
+        descriptor number will do."""
+        poller = select.poll()
+        poller.register(self.fds[0], select.POLLIN)
+        if write:
+            poller.register(self.fds[1], select.POLLOUT)
+        events = dict(poller.poll(max(0.0, timeout) * 1000))
+        return bool(events.get(self.fds[0])), bool(events.get(self.fds[1]))
 
     def close(self) -> None:
         for fd in self.fds:
