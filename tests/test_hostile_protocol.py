@@ -74,6 +74,13 @@ DURING = {
     "forged_dag_reply": PIPE + DAG + "pipe.send_bytes(main._pack(('ok', dag, 0.0)))\ntime.sleep(3600)",
     # the same DAG, returned: the worker must not walk its 2**64 paths either
     "returned_dag": DAG + "return dag",
+    # a reply in the grader's own format, written byte by byte: a list 40 levels deep
+    "forged_deep_frame": PIPE + """
+import struct
+body = ('{"tuple":["ok",' + '{"list":[' * 40 + ']}' * 40 + ',0.0]}').encode()
+pipe.send_bytes(struct.pack('!Q', len(body)) + body)
+time.sleep(3600)
+""",
     # an exception whose class name is 5 MiB (the message is cut, the name was not)
     "huge_type_name": "raise type('E' * (5 << 20), (Exception,), {})('boom')",
     # a reply as large as a quarter of the worker's memory, streamed with the worker's own framing
@@ -148,6 +155,7 @@ ATTACKS = [
     Attack("flood", ["attention_matches_reference"], "FAIL", ("not asked for anything", "the worker was stopped")),
     Attack("forged_dag_reply", ["softmax_float16"], "FAIL", ("nested more than 32 levels deep",)),
     Attack("returned_dag", ["softmax_float16"], "FAIL", ("nested more than 32 levels deep",)),
+    Attack("forged_deep_frame", ["softmax_float16"], "FAIL", ("nested more than 32 levels deep",)),
     Attack("huge_type_name", ["softmax_float16"], "FAIL", ("raised EEEE", "more characters cut", "boom")),
     Attack("huge_type_name_at_import", ["softmax_float16", "softmax_large_values"], "crash",
            ("could not be imported: EEEE", "more characters cut", "boom")),
