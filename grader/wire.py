@@ -32,6 +32,8 @@ import struct
 MAX_PARTS = 100_000     # nodes of one value: far more than any result of a stage (a few tensors and numbers)
 MAX_DEPTH = 32          # containers inside containers
 MAX_TEXT = 8192         # characters of one string in a value; longer ones are cut
+MAX_HEADER = 4 << 20    # bytes of JSON: a result's structure is small, its bulk is tensor bytes, and a few
+                        # bytes of JSON can become a hundred of Python objects in the grader
 MAX_DIMS = 16
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128",
@@ -110,6 +112,9 @@ def encode(value) -> bytes:
 
     tree = _walk(value, split, lambda kind, items: {kind: items}, MAX_PARTS, MAX_DEPTH)
     header = json.dumps(tree, separators=(",", ":")).encode()
+    if len(header) > MAX_HEADER:
+        raise Refused(f"returned numbers and strings that take more than {MAX_HEADER >> 20} MiB to write, which "
+                      "the grader does not accept: return tensors")
     return b"".join([_HEAD.pack(len(header)), header, *chunks])
 
 
@@ -128,12 +133,15 @@ def decode(data, *, max_parts: int = MAX_PARTS, max_depth: int = MAX_DEPTH, max_
     (size,) = _HEAD.unpack(view[:_HEAD.size])
     if size > len(view) - _HEAD.size:
         raise Refused("sent the grader a reply whose parts do not add up")
+    if size > MAX_HEADER:
+        raise Refused(f"sent the grader more than {MAX_HEADER >> 20} MiB of numbers and strings")
     try:
         tree = json.loads(bytes(view[_HEAD.size:_HEAD.size + size]))
     except (ValueError, RecursionError):
         raise Refused("sent the grader a reply it cannot read") from None
     payload = view[_HEAD.size + size:]
     spans: list[tuple[int, int]] = []
+    claimed = [0]      # bytes of the tensors so far: never more than the data, so copies of it are bounded
 
     def tensor(spec):
         if not (isinstance(spec, list) and len(spec) == 4):
@@ -152,6 +160,9 @@ def decode(data, *, max_parts: int = MAX_PARTS, max_depth: int = MAX_DEPTH, max_
         nbytes = numel * dtype.itemsize
         if type(offset) is not int or offset < 0 or offset + nbytes > len(payload):
             raise Refused("sent the grader a tensor whose bytes are not in the reply")
+        claimed[0] += nbytes
+        if claimed[0] > len(payload):
+            raise Refused("sent the grader tensors whose bytes overlap")
         spans.append((offset, nbytes))
         inside = [shape[d] for d in order]
         try:

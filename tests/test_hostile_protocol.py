@@ -218,6 +218,7 @@ def test_a_dag_is_refused_by_the_worker_before_it_is_walked():
     (_frame({"tensor": ["float32", [2**40], [0], 0]}, bytes(16)), "bytes are not in the reply"),
     (_frame({"tuple": [{"tensor": ["float32", [4], [0], 0]}, {"tensor": ["float32", [4], [0], 8]}]}, bytes(32)),
      "overlap"),
+    (_frame({"list": ["x" * 1000] * 5000}), "more than 4 MiB of numbers and strings"),
     (_frame({"tensor": ["float32", [2, 2], [0, 0], 0]}, bytes(16)), "layout"),
     (_frame({"tensor": ["object", [1], [0], 0]}, bytes(16)), "unknown dtype"),
     (_frame({"dict": [{"list": []}, 1]}), "keyed by a list"),
@@ -229,9 +230,22 @@ def test_a_forged_reply_is_refused(forged, says):
         wire.decode(forged)
 
 
+def test_tensors_that_share_bytes_are_refused_before_they_are_copied(monkeypatch):
+    """The same 16 bytes a thousand times over (or a reply's 16 MiB): each tensor is a copy, so the
+    grader must refuse at the first tensor past the data's size, not after making them all."""
+    copies = []
+    frombuffer = torch.frombuffer
+    monkeypatch.setattr(torch, "frombuffer", lambda *a, **k: copies.append(k) or frombuffer(*a, **k))
+    with pytest.raises(wire.Refused, match="overlap"):
+        wire.decode(_frame({"list": [{"tensor": ["float32", [4], [0], 0]}] * 1000}, bytes(16)))
+    assert len(copies) == 1
+
+
 def test_strings_of_a_reply_are_cut():
-    back = wire.decode(bytearray(wire.encode(("error", "E" * (5 << 20), "m", "", 0.0))))
-    assert len(back[1]) < wire.MAX_TEXT + 100 and back[1].endswith(f"[{(5 << 20) - wire.MAX_TEXT} more characters cut]")
+    back = wire.decode(_frame({"tuple": ["error", "E" * (1 << 20), "m", "", 0.0]}))
+    assert len(back[1]) < wire.MAX_TEXT + 100 and back[1].endswith(f"[{(1 << 20) - wire.MAX_TEXT} more characters cut]")
+    with pytest.raises(wire.Refused, match="more than 4 MiB to write"):
+        wire.encode(("ok", "E" * (5 << 20), 0.0))
 
 
 def test_a_reply_may_hold_a_few_times_its_inputs_far_below_the_memory_limit():
