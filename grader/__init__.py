@@ -5,7 +5,7 @@ By role:
     grading      check.py, checks/, grade.py, grade_stages.py, progress.py, batch.py, formats.py,
                  holes.py, locate.py, diagnose.py, notebook.py, sanitize.py, stages.py
     set-up       doctor.py (what runs on this machine), setup_plan.py (setup.sh's choices)
-    isolation    worker.py, sandbox.py, guard.py, limits.py, files.py (the worker's modules stay here:
+    isolation    worker.py, wire.py, sandbox.py, guard.py, limits.py, files.py (the worker's modules stay here:
                  the sandbox shows them to the worker by path)
     publishing/  release, editions, bundles, published solutions, updates
     bench/       timing against PyTorch SDPA and FlexAttention, its report and training step

@@ -15,7 +15,8 @@ Each limit has a default, an environment variable, and an option of ``python -m 
     open files  WORKBOOK_OPEN_FILES     --open-files     file descriptors at once (1024)
 
 A call that runs out of time fails its check ("timeout"); a worker that goes over its memory
-or prints past the cap is stopped and the check fails ("crash") with that reason.
+or prints past the cap is stopped and the check fails ("crash") with that reason.  So is a worker
+whose reply to a call is larger than ``reply_bytes`` allows for that call.
 """
 
 from __future__ import annotations
@@ -63,6 +64,22 @@ class Limits:
     def env(self) -> dict[str, str]:
         """These limits as WORKBOOK_* variables, for a grader started in another process."""
         return {var: str(getattr(self, name)) for name, var in ENV.items() if getattr(self, name) is not None}
+
+
+# A reply holds the call's outputs, which are about the size of its inputs (o is q's size, dq, dk and
+# dv those of q, k and v).  The grader holds a reply in its own memory while it reads it, so a cap
+# set by the worker's memory limit would let one grading cost twice that limit: the cap is sized by
+# the call instead, with a floor for plans, numbers and the outputs of small inputs.
+REPLY_FLOOR_MB = 16
+REPLY_FACTOR = 4          # times the bytes of the call's input tensors
+
+
+def reply_bytes(input_bytes: int, memory_mb: int) -> int:
+    """The most a worker's reply to one call whose input tensors hold ``input_bytes`` may hold:
+    REPLY_FACTOR times those bytes plus REPLY_FLOOR_MB, and never more than an eighth of the
+    worker's memory limit (nor less than the floor)."""
+    floor = REPLY_FLOOR_MB << 20
+    return min(max(floor, (memory_mb << 20) // 8), floor + REPLY_FACTOR * input_bytes)
 
 
 def add_limit_options(parser) -> None:

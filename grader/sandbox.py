@@ -57,7 +57,7 @@ MECHANISMS = ("bubblewrap", "user", "none")
 UID_BASE = 1_990_000_000          # dedicated uids: far above any real account
 UID_SLOTS = 512
 # The workbook files a worker may read: kernels/ without the reference, and what the worker runs.
-WORKER_MODULES = ("__init__.py", "worker.py", "guard.py", "limits.py", "sandbox.py", "harness.py")
+WORKER_MODULES = ("__init__.py", "worker.py", "wire.py", "guard.py", "limits.py", "sandbox.py", "harness.py")
 ANSWER_KEYS = ("solutions", "tests", "grader/checks", "kernels/reference.py")
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 

@@ -3,16 +3,28 @@
 The grader's process builds inputs, computes the reference and compares; learner code only
 ever runs here, in a worker that is a fresh Python (``python -m grader.worker``) started inside
 the sandbox grader/sandbox.py chooses (bubblewrap, a dedicated user, or none).  The two speak
-over two pipes:
+over two pipes, one frame (an 8-byte length, then that many bytes) per message:
 
     grader -> worker   pickle of ("call", function name, args, kwargs)   (the grader's own data)
-    worker -> grader   torch.save bytes of ("ok", result), ("misbehaved", message) or
-                       ("error", type, message, traceback)
+    worker -> grader   grader/wire.py's encoding of ("ok", result, s), ("misbehaved", message, s) or
+                       ("error", type, message, traceback, s), s the seconds Triton spent compiling
 
 Arguments travel as plain pickles, never as shared memory, so nothing the worker does to its
-inputs can reach the grader's tensors.  Results come back through ``torch.load(weights_only=True)``,
-which only rebuilds tensors and plain containers, so a hostile worker cannot run code in the
-grader, and a result too large or of a type the grader does not accept fails the check.
+inputs can reach the grader's tensors.  Learner code runs in the worker and can write anything to
+its pipe, so the grader trusts nothing that comes back:
+
+* every read and write on the pipes has the call's deadline (non-blocking pipes, poll): a
+  worker that sends part of a reply and stops, or stops reading its requests, times out as a hang
+  does, and is killed;
+* a reply may hold at most ``limits.reply_bytes`` (sized by the call's inputs, far below the
+  worker's memory limit); the grader reads a frame's length before its body, and stops a worker
+  that announces more without reading any of it;
+* a frame that arrives while the grader is sending a request, or before it has sent one, was
+  not asked for: the worker is stopped and the check fails, so an extra reply per call cannot
+  fill the pipe until both sides wait on each other;
+* replies are read by grader/wire.py, which runs no code and bounds every walk of the value
+  (parts, depth, string lengths, tensor bytes), and every string of an error (the type's name,
+  the message, the traceback) is cut to a fixed length before it reaches a record.
 
 The worker's limits (grader/limits.py) are enforced from here:
 
@@ -37,27 +49,31 @@ fresh one is started for the next call.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
+import select
 import signal
+import struct
 import subprocess
 import sys
 import threading
 import time
 import traceback
 from dataclasses import asdict
-from multiprocessing.connection import Connection
 from pathlib import Path
 
-from grader import guard, sandbox
+from grader import guard, sandbox, wire
 from grader.guard import poisoned_allocations
-from grader.limits import Limits
+from grader.limits import Limits, reply_bytes
 
 _OUTPUT_CAP = 64 * 1024  # bytes of the learner's printed output kept for messages
 _BOOT_TIMEOUT = 120.0    # starting the worker: torch and the workbook's own modules, no learner code yet
 _POLL = 0.1              # seconds between checks of the worker's health and memory
+_HELLO_BYTES = 1 << 20   # the most a message that is not a call's reply may hold ("booted", "ready", import errors)
+_NAME_CAP, _MESSAGE_CAP, _TRACEBACK_CAP = 200, 4000, 6000   # characters kept of an error's type, message, traceback
+_FRAME = struct.Struct("!Q")  # a frame's length, before its bytes
+_CHUNK = 1 << 20             # bytes moved per read or write
 
 
 class LearnerError(Exception):
@@ -91,8 +107,11 @@ class ImportFailed(LearnerError):
         self.timed_out = timed_out
 
 
-def _to_device(obj, device):
+def _to_device(obj, device, depth: int = 0):
+    """The grader's arguments on ``device`` (a walk of the grader's own data, bounded all the same)."""
     import torch
+    if depth > wire.MAX_DEPTH:
+        raise ValueError(f"the call's arguments are nested more than {wire.MAX_DEPTH} levels deep")
     if isinstance(obj, torch.Tensor):
         if obj.device == torch.device(device) or obj.is_contiguous():
             return obj.to(device)
@@ -101,31 +120,20 @@ def _to_device(obj, device):
         storage = torch.empty(0, dtype=obj.dtype).set_(obj.untyped_storage())
         return torch.as_strided(storage.to(device), obj.shape, obj.stride(), obj.storage_offset())
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(x, device) for x in obj)
+        return type(obj)(_to_device(x, device, depth + 1) for x in obj)
     if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
+        return {k: _to_device(v, device, depth + 1) for k, v in obj.items()}
     return obj
 
 
 def _to_cpu(obj):
-    import dataclasses
-    import torch
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu").clone()
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):   # e.g. a plan: its fields, as a dict
-        return {f.name: _to_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(x) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
+    """``obj`` as the grader receives it from a worker: on the CPU, a dataclass as a dict of its fields."""
+    return wire.decode(bytearray(wire.encode(obj)))
 
 
 def _pack(obj) -> bytes:
-    import torch
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+    """A message of the worker, as the bytes of one frame's body (grader/wire.py)."""
+    return wire.encode(obj)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -156,16 +164,30 @@ def _set_limits(limits: Limits, *, own_uid: bool) -> None:
 
 
 class _Pipes:
-    """The worker's end: requests come in on one pipe, replies go out on the other."""
+    """The worker's end: requests come in on one pipe, replies go out on the other, a frame each."""
 
     def __init__(self, fd_in: int, fd_out: int):
-        self._in, self._out = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
+        self._in, self._out = fd_in, fd_out
 
-    def recv_bytes(self):
-        return self._in.recv_bytes()
+    def _read(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view, pos = memoryview(buf), 0
+        while pos < n:
+            got = os.readv(self._in, [view[pos:pos + _CHUNK]])
+            if not got:
+                raise EOFError("the grader closed the pipe")
+            pos += got
+        return buf
 
-    def send_bytes(self, data):
-        self._out.send_bytes(data)
+    def recv_bytes(self) -> bytearray:
+        (n,) = _FRAME.unpack(self._read(_FRAME.size))
+        return self._read(n)
+
+    def send_bytes(self, data) -> None:
+        for part in (_FRAME.pack(len(data)), data):
+            view = memoryview(part)
+            while view:
+                view = view[os.write(self._out, view[:_CHUNK]):]
 
 
 def _traceback_of(exc: BaseException, stage: str, others: int = 3) -> str:
@@ -244,7 +266,8 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
         module = loader.load_stage(stage, source)
         conn.send_bytes(_pack(("ready", runtime.describe())))
     except BaseException as exc:  # noqa: BLE001 - any import failure is reported, not raised
-        conn.send_bytes(_pack(("import-error", type(exc).__name__, str(exc)[:4000], traceback.format_exc(limit=-12))))
+        conn.send_bytes(_pack(("import-error", wire.cut(type(exc).__name__, _NAME_CAP), str(exc)[:_MESSAGE_CAP],
+                               traceback.format_exc(limit=-12)[-_TRACEBACK_CAP:])))
         return
     while True:
         try:
@@ -269,20 +292,20 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
             if runtime.ON_GPU:
                 torch.cuda.synchronize()
             problem = guard.check_canaries(outputs) or guard.changed_inputs(fn_name, inputs)
-            reply = ("misbehaved", problem) if problem else ("ok", _to_cpu(result))
+            # encoded here, so that a CUDA error met copying the result back is fatal like any other
+            payload = _pack(("misbehaved", problem, compiling[0]) if problem else ("ok", result, compiling[0]))
+        except wire.Refused as exc:       # a result of a type, a size or a shape the grader does not accept
+            payload = _pack(("misbehaved", str(exc), compiling[0]))
         except BaseException as exc:  # noqa: BLE001
             text = str(exc)
             fatal = "CUDA error" in text or "illegal memory access" in text or isinstance(exc, (SystemExit, KeyboardInterrupt))
-            reply = ("error", type(exc).__name__, text[:4000], _traceback_of(exc, stage))
+            payload = _pack(("error", wire.cut(type(exc).__name__, _NAME_CAP), text[:_MESSAGE_CAP],
+                             _traceback_of(exc, stage)[-_TRACEBACK_CAP:], compiling[0]))
         for stream in (sys.stdout, sys.stderr):  # so the log holds this call's prints before its verdict
             try:
                 stream.flush()
             except Exception:  # noqa: BLE001 - learner code may have replaced or closed them
                 pass
-        try:
-            payload = _pack((*reply, compiling[0]))
-        except Exception as exc:  # noqa: BLE001 - e.g. a result torch.save cannot store
-            payload = _pack(("error", "TypeError", f"could not send the result back: {exc}", "", compiling[0]))
         conn.send_bytes(payload)
         if fatal:
             os._exit(3)
@@ -354,17 +377,21 @@ class Runner:
         self._drain = threading.Thread(target=self._drain_output, args=(log_r, self._proc), daemon=True)
         self._drain.start()
         try:
-            kind, *rest = self._receive(_BOOT_TIMEOUT, phase="starting the worker (importing torch)")
+            kind, *rest = self._message(_BOOT_TIMEOUT, phase="starting the worker (importing torch)")
             if kind == "booted":
-                kind, *rest = self._receive(timeout, phase="importing the stage file")
+                kind, *rest = self._message(timeout, phase="importing the stage file")
         except WorkerDied as exc:
             raise ImportFailed("crash" if not exc.timed_out else "TimeoutError", exc.reason,
                                timed_out=exc.timed_out) from None
-        if kind == "import-error":
+        if kind == "import-error" and len(rest) == 3 and all(isinstance(x, str) for x in rest):
             type_name, message, tb = rest
             self._end_worker()
-            raise ImportFailed(type_name, message, tb)
-        self.description = rest[0]
+            raise ImportFailed(*_capped(type_name, message, tb))
+        if kind != "ready" or len(rest) != 1 or not isinstance(rest[0], str):
+            self._end_worker()
+            raise ImportFailed("Misbehaved", "the worker sent the grader a message it did not ask for while the "
+                                             "stage file was imported: stage code must not write to the worker's pipes")
+        self.description = wire.cut(rest[0], _NAME_CAP)
 
     def _drain_output(self, log_r: int, proc) -> None:
         """Copy what the worker prints into the log, up to the cap; past it, stop the worker."""
@@ -461,40 +488,119 @@ class Runner:
         except OSError:
             return ""
 
-    def _receive(self, timeout: float, *, phase: str = "the call"):
-        import torch
-        deadline = time.monotonic() + timeout
-        largest = max(64, self.limits.memory_mb) * 2**20
-        while True:
+    def _message(self, timeout: float, *, phase: str) -> tuple:
+        """A message of the worker while it starts ("booted", "ready" or "import-error"), as a tuple."""
+        try:
+            message = wire.decode(self._receive(time.monotonic() + timeout, timeout, _HELLO_BYTES, phase=phase))
+        except wire.Refused as exc:
+            self._end_worker()
+            raise ImportFailed("Misbehaved", f"the worker {exc} while the stage file was imported: stage code "
+                                             "must not write to the worker's pipes") from None
+        if not (isinstance(message, tuple) and message and isinstance(message[0], str)):
+            message = ("",)
+        return message
+
+    # -- the pipes: every wait is bounded by the call's deadline -------------------------------
+    def _timed_out(self, timeout: float, phase: str, detail: str = "") -> WorkerDied:
+        self._end_worker()
+        return WorkerDied(f"timed out after {timeout:.0f} s during {phase}{detail}: an infinite loop, "
+                          "a kernel that never finishes, or sizes too large", timed_out=True)
+
+    def _died(self) -> WorkerDied:
+        reason = self._death or _describe_exit(self._exit_code(), self._sandbox.out_of_memory())
+        self._end_worker()
+        return WorkerDied(reason)
+
+    def _pipe_closed(self, deadline: float) -> WorkerDied:
+        """The worker's end of its reply pipe closed: it is exiting (say why), or its code closed it."""
+        until = min(deadline, time.monotonic() + 2.0)
+        while self._proc.poll() is None and time.monotonic() < until:
+            time.sleep(0.02)
+        if self._proc.poll() is not None:
+            return self._died()
+        self._end_worker()
+        return WorkerDied("the worker closed its pipe to the grader without replying: stage code must not "
+                          "close or write to the worker's pipes")
+
+    def _watch(self, last: float, *, ended: bool = True) -> float:
+        """Every _POLL seconds, the worker's memory and disk; with ``ended``, raise if it has ended."""
+        now = time.monotonic()
+        if now - last < _POLL:
+            return last
+        self._watch_limits()
+        if ended and self._proc.poll() is not None:
+            raise self._died()
+        return now
+
+    def _send(self, data: bytes, deadline: float, timeout: float) -> None:
+        """One request frame, written as the worker reads it, before ``deadline``.
+
+        The worker writes only after it has read a whole request, so anything that arrives from it
+        meanwhile (or before) was not asked for: learner code writing to the pipe.  Left there, such
+        frames would fill the pipe until the worker waits to write while the grader waits to send."""
+        fd_in, fd_out = self._conn.fds
+        parts = [memoryview(_FRAME.pack(len(data))), memoryview(data)]
+        last = time.monotonic()
+        while parts:
             left = deadline - time.monotonic()
             if left <= 0:
-                self._end_worker()
-                raise WorkerDied(f"timed out after {timeout:.0f} s during {phase}: an infinite loop, "
-                                 "a kernel that never finishes, or sizes too large", timed_out=True)
-            try:
-                ready = self._conn.poll(min(left, _POLL))
-            except (OSError, EOFError):
-                ready = False
-            if ready:
+                raise self._timed_out(timeout, "sending the call's inputs to the worker",
+                                      ", which stopped reading them")
+            readable, writable = self._conn.wait(min(left, _POLL), write=True)
+            if readable:
                 try:
-                    data = self._conn.recv_bytes(largest)
-                except EOFError:
-                    pass
-                except OSError:
+                    early = os.read(fd_in, 1)
+                except BlockingIOError:
+                    early = None
+                if early == b"":
+                    raise self._pipe_closed(deadline)
+                if early:
                     self._end_worker()
-                    raise WorkerDied(f"returned more than {largest >> 20} MiB: the result should be the "
-                                     "size of the outputs") from None
-                else:
-                    try:
-                        return torch.load(io.BytesIO(data), weights_only=True)
-                    except Exception as exc:  # noqa: BLE001 - whatever the worker sent, it is refused
-                        raise Misbehaved("returned something the grader does not accept (only tensors, numbers, "
-                                         f"strings and lists, tuples or dicts of them): {str(exc)[:300]}") from None
-            self._watch_limits()
-            if self._proc.poll() is not None:
-                reason = self._death or _describe_exit(self._exit_code(), self._sandbox.out_of_memory())
-                self._end_worker()
-                raise WorkerDied(reason)
+                    raise Misbehaved("wrote to the grader's pipe when the grader had not asked for anything (one "
+                                     "more reply than it was asked for): stage code must not write to the "
+                                     "worker's pipes; the worker was stopped")
+            if writable:
+                try:
+                    sent = os.write(fd_out, parts[0][:_CHUNK])
+                except BlockingIOError:
+                    sent = 0
+                except OSError:              # a broken pipe: the worker has ended
+                    raise self._pipe_closed(deadline) from None
+                parts[0] = parts[0][sent:]
+                if not parts[0]:
+                    parts.pop(0)
+            last = self._watch(last)
+
+    def _read(self, n: int, deadline: float, timeout: float, phase: str, *, started: bool) -> bytearray:
+        """Exactly ``n`` bytes of the worker's reply pipe, before ``deadline``."""
+        fd_in = self._conn.fds[0]
+        buf = bytearray(n)
+        view, pos, last = memoryview(buf), 0, time.monotonic()
+        while pos < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                detail = "; the worker had sent part of a reply and stopped" if started or pos else ""
+                raise self._timed_out(timeout, phase, detail)
+            readable, _ = self._conn.wait(min(left, _POLL), write=False)
+            if readable:
+                try:
+                    got = os.readv(fd_in, [view[pos:pos + _CHUNK]])
+                except BlockingIOError:
+                    got = None
+                if got == 0:
+                    raise self._pipe_closed(deadline)
+                pos += got or 0
+            last = self._watch(last, ended=not readable)     # what a worker sent before it ended is read first
+        return buf
+
+    def _receive(self, deadline: float, timeout: float, cap: int, *, phase: str = "the call") -> bytearray:
+        """The body of the worker's next frame; one longer than ``cap`` bytes is never read."""
+        (n,) = _FRAME.unpack(self._read(_FRAME.size, deadline, timeout, phase, started=False))
+        if n > cap:
+            self._end_worker()
+            raise WorkerDied(f"returned a result of {n / 2**20:.0f} MiB, more than the {cap / 2**20:.0f} MiB the "
+                             "grader accepts for this call: a result should be the size of its outputs")
+        return self._read(n, deadline, timeout, phase, started=True)
 
     # -- calls ----------------------------------------------------------------------------
     def call(self, fn_name: str, *args, timeout: float = 120.0, **kwargs):
@@ -505,15 +611,17 @@ class Runner:
                 self._start(timeout)
             finally:
                 self.start_seconds += time.monotonic() - began
+        deadline = time.monotonic() + timeout
+        request = pickle.dumps(("call", fn_name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        self._send(request, deadline, timeout)
+        cap = reply_bytes(_tensor_bytes((args, kwargs)), self.limits.memory_mb)
         try:
-            self._conn.send_bytes(pickle.dumps(("call", fn_name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
-        except (BrokenPipeError, OSError):
-            code = self._exit_code() if self._proc and self._proc.poll() is not None else None
-            self._end_worker()
-            raise WorkerDied(_describe_exit(code))
-        reply = self._receive(timeout)
+            reply = wire.decode(self._receive(deadline, timeout, cap))
+        except wire.Refused as exc:
+            raise Misbehaved(str(exc)) from None
         if not (isinstance(reply, tuple) and reply and isinstance(reply[0], str)
-                and len(reply) == {"ok": 3, "misbehaved": 3, "error": 5}.get(reply[0])):
+                and len(reply) == {"ok": 3, "misbehaved": 3, "error": 5}.get(reply[0])
+                and all(isinstance(x, str) for x in reply[1:-1] if reply[0] != "ok")):
             raise Misbehaved("sent the grader a reply it did not ask for")       # learner code writing to the pipe
         kind, *rest, compiling = reply
         if isinstance(compiling, float) and 0.0 <= compiling < 1e5:       # what a worker says; learner code runs there
@@ -522,22 +630,44 @@ class Runner:
             self.last_call = (fn_name, describe_value(rest[0]))
             return rest[0]
         if kind == "misbehaved":
-            raise Misbehaved(rest[0])
-        type_name, message, tb = rest
-        raise LearnerError(type_name, message, tb)
+            raise Misbehaved(wire.cut(rest[0], _MESSAGE_CAP))
+        raise LearnerError(*_capped(*rest))
 
 
-def describe_value(value, depth: int = 0) -> str:
-    """What a learner function returned, in a few words: "a tuple of 3 (tensor (2, 4, 8) float32, ...)"."""
+def describe_value(value) -> str:
+    """What a learner function returned, in a few words: "a tuple of 3 (tensor (2, 4, 8) float32, ...)".
+
+    It looks two levels deep and at four items of each, whatever the value holds."""
     import torch
-    if isinstance(value, torch.Tensor):
-        return f"tensor {tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+
+    def one(v) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"tensor {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}"
+        if isinstance(v, (tuple, list)):
+            return f"a {wire.cut(type(v).__name__, 40)} of {len(v)}"
+        return "None" if v is None else f"a {wire.cut(type(v).__name__, 40)}"
     if isinstance(value, (tuple, list)):
-        inner = ", ".join(describe_value(v, depth + 1) for v in value[:4]) + (", ..." if len(value) > 4 else "")
-        return f"a {type(value).__name__} of {len(value)}" + (f" ({inner})" if depth < 1 else "")
-    if value is None:
-        return "None"
-    return f"a {type(value).__name__}"
+        inner = ", ".join(one(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"{one(value)} ({inner})"
+    return one(value)
+
+
+def _capped(type_name: str, message: str, tb: str) -> tuple[str, str, str]:
+    """An error's strings as the worker sent them, each cut to what a record keeps (the end of a traceback)."""
+    return wire.cut(type_name, _NAME_CAP), wire.cut(message, _MESSAGE_CAP), tb[-_TRACEBACK_CAP:]
+
+
+def _tensor_bytes(obj) -> int:
+    """The bytes of the tensors in the grader's own arguments ``obj`` (nested lists, tuples, dicts)."""
+    import torch
+    total, stack = 0, [(obj, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, torch.Tensor):
+            total += x.numel() * x.element_size()
+        elif isinstance(x, (list, tuple, dict)) and depth < wire.MAX_DEPTH:
+            stack.extend((y, depth + 1) for y in (x.values() if isinstance(x, dict) else x))
+    return total
 
 
 def loader_dir(source: str) -> Path:
@@ -567,24 +697,28 @@ def _describe_exit(code, out_of_memory: bool = False) -> str:
 
 
 class _GraderPipes:
-    """The grader's end of a worker's two pipes, with the poll/send/receive of a Connection."""
+    """The grader's end of a worker's two pipes, both non-blocking: Runner bounds each wait on them."""
 
     def __init__(self, fd_out: int, fd_in: int):
-        self._out, self._in = Connection(fd_out, readable=False), Connection(fd_in, writable=False)
+        for fd in (fd_out, fd_in):
+            os.set_blocking(fd, False)
+        self.fds = (fd_in, fd_out)
 
-    def send_bytes(self, data: bytes) -> None:
-        self._out.send_bytes(data)
-
-    def poll(self, timeout: float) -> bool:
-        return self._in.poll(timeout)
-
-    def recv_bytes(self, maxlength: int | None = None) -> bytes:
-        return self._in.recv_bytes(maxlength)
+    def wait(self, timeout: float, *, write: bool) -> tuple[bool, bool]:
+        """Within ``timeout`` seconds: whether the reply pipe can be read (or has closed) and, with
+        ``write``, whether the request pipe can be written (or has closed).  poll, not select: any
+        descriptor number will do."""
+        poller = select.poll()
+        poller.register(self.fds[0], select.POLLIN)
+        if write:
+            poller.register(self.fds[1], select.POLLOUT)
+        events = dict(poller.poll(max(0.0, timeout) * 1000))
+        return bool(events.get(self.fds[0])), bool(events.get(self.fds[1]))
 
     def close(self) -> None:
-        for conn in (self._out, self._in):
+        for fd in self.fds:
             try:
-                conn.close()
+                os.close(fd)
             except OSError:
                 pass
 

@@ -178,6 +178,7 @@ def test_workers_count_the_seconds_triton_spends_compiling(monkeypatch):
     set before it; the grader takes the count from each reply and refuses a reply it did not ask for."""
     import triton
     from grader import worker
+    from grader.limits import Limits
     if not hasattr(getattr(triton, "knobs", None), "compilation"):
         pytest.skip("this Triton has no compile listener")
     from triton.knobs import CompileTimes
@@ -190,15 +191,12 @@ def test_workers_count_the_seconds_triton_spends_compiling(monkeypatch):
     triton.knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=times, cache_hit=True)
     assert seconds == [2.0] and seen == [False, True]
 
-    class Conn:
-        def send_bytes(self, data):
-            pass
-
     runner = worker.Runner.__new__(worker.Runner)
-    runner._proc, runner._conn, runner.compile_seconds = object(), Conn(), 0.0
+    runner._proc, runner.compile_seconds, runner.limits = object(), 0.0, Limits()
+    runner._send = lambda data, deadline, timeout: None
     for reply, outcome in [(("ok", 7, 1.25), 7), (("ok", 7, -3.0), 7), (("ok", 7), worker.Misbehaved),
                            (("error", "E", "m", "tb"), worker.Misbehaved), ("ok", worker.Misbehaved)]:
-        runner._receive = lambda timeout, reply=reply: reply
+        runner._receive = lambda deadline, timeout, cap, reply=reply: bytearray(worker._pack(reply))
         if outcome is worker.Misbehaved:
             with pytest.raises(worker.Misbehaved, match="a reply it did not ask for"):
                 runner.call("f")
