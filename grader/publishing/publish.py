@@ -151,6 +151,7 @@ def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
                            + "\n  ".join(problems))
     meta = dict(meta, published=sorted({*meta.get("published", []), *(s.name for s in chosen)},
                                        key=lambda n: stages.find(n).number))
+    meta["version"] = edition.edition_version(meta.get("base_version", meta["version"]), meta["published"])
     meta.pop("files", None)
     changes = edition.write(dest, new, meta, log=log, remove_missing=False)
     log(f"published {', '.join(s.name for s in chosen)} in {dest} ({len(changes)} file(s) written)")

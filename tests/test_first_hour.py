@@ -1,0 +1,139 @@
+"""A learner's first hour: the printed command works, an edition holds only what it ships, the
+notebooks open on Colab, updates say what waits to be merged, and progress trusts the last grading."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grader import COMMAND, stages
+from grader.publishing import bundle, edition, publish, release, update
+
+quiet = lambda *_: None  # noqa: E731
+S1 = stages.find("stage1")
+
+
+def _grader(cwd: Path, *args: str, python: tuple[str, ...] = (sys.executable,), env=None):
+    return subprocess.run([*python, "-m", "grader", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+# -- editions ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def through3(tmp_path_factory):
+    return bundle.build(tmp_path_factory.mktemp("first-hour") / "edition", through="stage3", repo="acme/attn",
+                        log=quiet)
+
+
+def test_an_edition_through_stage3_holds_stages_1_to_3_and_says_when_the_rest_arrives(through3):
+    later = [s for s in stages.ALL if s.number > 3]
+    for stage in later:
+        for rel in (f"tests/test_{stage.name}.py", f"grader/checks/{stage.name}.py", f"notebooks/{stage.notebook}",
+                    f"stages/{stage.module}.py"):
+            assert not (through3 / rel).exists(), rel
+    assert (through3 / "tests" / "test_stage3.py").exists() and (through3 / "grader" / "checks" / "stage3.py").exists()
+    assert not (through3 / "tests" / "test_bench_train.py").exists()      # it needs docs/training.md
+    done = _grader(through3, "stage5")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "not in this edition yet" in done.stderr and f"{COMMAND} update --from" in done.stderr, done.stderr
+    assert "05_causal.ipynb" not in done.stdout + done.stderr
+    rows = _grader(through3)
+    assert rows.returncode == 0, rows.stdout + rows.stderr               # nothing started: nothing failed
+    assert "stage3 " in rows.stdout and "stage4 " not in rows.stdout and "stage9 " not in rows.stdout, rows.stdout
+
+
+def test_a_new_edition_needs_through(tmp_path, capsys):
+    dest = tmp_path / "course"
+    assert release.main(to=str(dest)) == 2
+    assert "--through stageN" in capsys.readouterr().err
+    assert not dest.exists()
+
+
+def test_release_points_the_notebooks_at_the_editions_repository(through3, tmp_path):
+    for path in (through3 / "notebooks").glob("*.ipynb"):
+        text = path.read_text()
+        assert bundle.PLACEHOLDER not in text, path.name
+        assert f"colab.research.google.com/github/acme/attn/blob/main/notebooks/{path.name}" in text
+        assert 'WORKBOOK_REPO = \\"https://github.com/acme/attn\\"' in text
+    assert edition.read(through3)["repository"] == "acme/attn"
+    clone = tmp_path / "clone"                      # a clone of the edition's repository: its origin says it
+    subprocess.run(["git", "init", "-q", str(clone)], check=True, timeout=60)
+    subprocess.run(["git", "-C", str(clone), "remote", "add", "origin", "git@github.com:my-org/course.git"],
+                   check=True, timeout=60)
+    bundle.build(clone, through="stage1", log=quiet)
+    assert "github/my-org/course/blob/main" in (clone / "notebooks" / S1.notebook).read_text()
+    lines: list[str] = []
+    bundle.build(tmp_path / "nowhere", through="stage1", log=lines.append)
+    assert any(ln.startswith("WARNING") and bundle.PLACEHOLDER in ln and "--repo" in ln for ln in lines), lines
+    with pytest.raises(ValueError, match="--repo"):
+        bundle.build(tmp_path / "bad", through="stage1", repo="https://github.com/x", log=quiet)
+
+
+def test_an_editions_version_changes_with_what_it_holds(tmp_path, monkeypatch):
+    dest = bundle.build(tmp_path / "e", through="stage2", log=quiet)
+    before = edition.read(dest)["version"]
+    publish.publish(dest, ["stage1"], log=quiet)
+    assert edition.read(dest)["version"] != before
+    clean = {"version": "0.1.0+abcdef123456", "commit": "abcdef1234567890"}
+    dirty = {"version": "0.1.0+abcdef123456", "commit": "abcdef1234567890+changes"}
+    monkeypatch.setattr(edition, "source_version", lambda *_: clean)
+    v_clean = edition.read(bundle.build(tmp_path / "clean", through="stage1", log=quiet))["version"]
+    monkeypatch.setattr(edition, "source_version", lambda *_: dirty)
+    v_dirty = edition.read(bundle.build(tmp_path / "dirty", through="stage1", log=quiet))["version"]
+    original = release.rendered
+    monkeypatch.setattr(release, "rendered", lambda *a: {k: v + "# changed\n" for k, v in original(*a).items()})
+    v_dirtier = edition.read(bundle.build(tmp_path / "dirtier", through="stage1", log=quiet))["version"]
+    assert len({v_clean, v_dirty, v_dirtier}) == 3, (v_clean, v_dirty, v_dirtier)
+
+
+
+# -- updates that wait ---------------------------------------------------------------------------
+V1 = "def f():\n    return 1\n\n\ndef g():\n    return 2\n\n\ndef h():\n    return 3\n"
+
+
+def _copy_with_a_new(tmp_path: Path, mine: str, new: str) -> Path:
+    """A copy whose stages/s.py the learner changed (``mine``) while an update brought ``new``."""
+    dest = tmp_path / "copy"
+    edition.write(dest, {"stages/s.py": V1.encode()}, {"version": "1"}, log=quiet)
+    (dest / "stages" / "s.py").write_text(mine)
+    edition.write(dest, {"stages/s.py": new.encode()}, {"version": "2"}, log=quiet)
+    assert (dest / "stages" / "s.py.new").read_text() == new
+    return dest
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="the three-way merge uses git merge-file")
+def test_update_merge_takes_the_new_version_in_and_keeps_the_learners_changes(tmp_path):
+    mine = V1.replace("return 3", "return 30")
+    dest = _copy_with_a_new(tmp_path, mine, V1.replace("return 1", "return 10"))
+    assert edition.pending(dest) == ["stages/s.py"]
+    assert f"{COMMAND} update --merge stages/s.py" in update.pending_note(dest)
+    lines: list[str] = []
+    assert update.merge(str(dest / "stages" / "s.py"), root=dest, out=lines.append) == 0, lines
+    merged = (dest / "stages" / "s.py").read_text()
+    assert "return 10" in merged and "return 30" in merged and "return 2\n" in merged
+    assert not (dest / "stages" / "s.py.new").exists() and update.pending_note(dest) == ""
+    backups = list((dest / ".edition" / "backup" / "stages").iterdir())
+    assert [b.read_text() for b in backups] == [mine]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="the three-way merge uses git merge-file")
+def test_update_merge_marks_a_conflict_and_without_a_base_shows_the_difference(tmp_path):
+    dest = _copy_with_a_new(tmp_path, V1.replace("return 2", "return 20"), V1.replace("return 2", "return 22"))
+    lines: list[str] = []
+    assert update.merge(str(dest / "stages" / "s.py.new"), root=dest, out=lines.append) == 1
+    merged = (dest / "stages" / "s.py").read_text()
+    assert "<<<<<<< your version" in merged and "return 20" in merged and "return 22" in merged
+    assert "1 conflict" in lines[-1]
+    other = _copy_with_a_new(tmp_path / "b", "# mine\n" + V1, V1.replace("return 2", "return 22"))
+    shutil.rmtree(other / ".edition" / "base")
+    lines = []
+    assert update.merge(str(other / "stages" / "s.py"), root=other, out=lines.append) == 1
+    assert "+    return 22" in "".join(lines) and (other / "stages" / "s.py.new").exists()
+    assert (other / "stages" / "s.py").read_text() == "# mine\n" + V1          # nothing changed
+    assert update.merge(str(other / "stages" / "t.py"), root=other, out=lines.append) == 2
+
+
