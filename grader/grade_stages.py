@@ -55,7 +55,9 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
         return sanitizer.relaunch(sys.argv[1:] if argv is None else argv)
     from grader.grade import default_jobs, grade_stage, print_result, submission_folder
     from grader.limits import Limits
+    from grader import progress
     jobs = jobs or default_jobs()
+    overrides = any(v is not None for v in (limits or {}).values())
     limits = Limits.from_env(jobs=jobs, **(limits or {}))
     table = format == "table"
     graded = []
@@ -66,7 +68,10 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
             source = "solutions" if solutions else "stages"
         print(f"grading {stage.name} ({source}/{stage.module}.py) ...", file=sys.stdout if table else sys.stderr,
               flush=True)
+        key = progress.key_of(stage, source) if source in ("stages", "solutions") and not (only or overrides) else None
         result = grade_stage(stage, source, only=only, limits=limits, jobs=jobs)
+        if key:
+            progress.remember(key, result)     # the progress view shows it while the files stay as graded
         if table:
             print_result(stage, result)
         if compare:

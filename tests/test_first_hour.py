@@ -3,6 +3,8 @@ notebooks open on Colab, updates say what waits to be merged, and progress trust
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from grader import COMMAND, stages
+from grader.__main__ import main
+from grader.grade import CheckResult, StageResult
 from grader.publishing import bundle, edition, publish, release, update
+from kernels.loader import ROOT
 
 quiet = lambda *_: None  # noqa: E731
 S1 = stages.find("stage1")
@@ -20,6 +25,59 @@ S1 = stages.find("stage1")
 def _grader(cwd: Path, *args: str, python: tuple[str, ...] = (sys.executable,), env=None):
     return subprocess.run([*python, "-m", "grader", *args], cwd=cwd, capture_output=True, text=True, timeout=300,
                           env=env)
+
+
+def _bare_root(tmp_path: Path) -> Path:
+    """A copy of the workbook's code (links to it) with no .venv beside it."""
+    root = tmp_path / "workbook"
+    root.mkdir()
+    for name in ("grader", "kernels"):
+        (root / name).symlink_to(ROOT / name, target_is_directory=True)
+    return root
+
+
+NO_TORCH = (sys.executable, "-S")     # this Python without site-packages: no torch, as a Python outside .venv
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "WORKBOOK_REEXEC")}
+
+
+@pytest.fixture(scope="module")
+def no_torch():
+    done = subprocess.run([*NO_TORCH, "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"],
+                          capture_output=True, text=True, timeout=60)
+    if done.stdout.strip() != "True":
+        pytest.skip("torch is importable without site-packages here: no Python without torch to start")
+
+
+# -- the printed command works -------------------------------------------------------------------
+def test_without_torch_the_grader_says_how_to_run_it_with_no_traceback(no_torch, tmp_path):
+    root = _bare_root(tmp_path)
+    for args in (["stage1"], []):
+        done = _grader(root, *args, python=NO_TORCH, env=_env())
+        text = done.stdout + done.stderr
+        assert done.returncode == 2, text
+        assert "Traceback" not in text and "ModuleNotFoundError" not in text, text
+        assert " ".join([COMMAND, *args]) in text and "bash setup.sh" in text, text
+
+
+def test_python_m_grader_starts_again_under_the_workbooks_venv(no_torch, tmp_path):
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests do not run in a virtual environment: no .venv to start again under")
+    root = _bare_root(tmp_path)
+    (root / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    done = _grader(root, "stage1", "--list", python=NO_TORCH, env=_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"stage1 ({S1.module}.py" in done.stdout and S1.checks()[0].name in done.stdout
+
+
+def test_the_top_level_list_names_every_stage_and_its_checks(capsys):
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for stage in stages.STAGES:
+        assert f"{stage.name} ({stage.module}.py" in out
+        assert all(c.name in out for c in stage.checks() if not c.hidden)
 
 
 # -- editions ------------------------------------------------------------------------------------
@@ -137,3 +195,33 @@ def test_update_merge_marks_a_conflict_and_without_a_base_shows_the_difference(t
     assert update.merge(str(other / "stages" / "t.py"), root=other, out=lines.append) == 2
 
 
+def test_progress_and_grading_name_what_waits_to_be_merged(through3, tmp_path):
+    dest = tmp_path / "learner"
+    shutil.copytree(through3, dest, symlinks=True)
+    rel = f"notebooks/{S1.notebook}"
+    (dest / (rel + edition.NEW)).write_bytes((dest / rel).read_bytes())
+    for args in ([], ["stage2"]):
+        done = _grader(dest, *args)
+        assert f"{COMMAND} update --merge {rel}" in done.stdout, (args, done.stdout + done.stderr)
+
+
+# -- progress trusts the last grading ------------------------------------------------------------
+def test_progress_shows_the_last_grading_of_an_unchanged_stage(tmp_path, monkeypatch, capsys):
+    from grader import grade, progress
+    monkeypatch.setattr(progress, "CACHE", tmp_path / "cache")
+    graded = StageResult(S1.name, "stages", "graded", seed=7,
+                         results=[CheckResult(c.name, c.points, c.points, "pass") for c in S1.checks()])
+    monkeypatch.setattr(grade, "grade_stage", lambda stage, source, **kw: graded)
+    assert main(["stage1"]) == 0
+    calls = []
+
+    def regrade(stage, source, **kw):
+        calls.append(stage.name)
+        return StageResult(stage.name, source, "not started")
+
+    monkeypatch.setattr(progress, "grade_stage", regrade)
+    capsys.readouterr()
+    progress.progress("stages")
+    out = capsys.readouterr().out
+    assert S1.name not in calls, out
+    assert re.search(r"stage1 .* done", out) and "1 stage(s) unchanged since they were last graded" in out, out
