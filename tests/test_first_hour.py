@@ -3,6 +3,7 @@ notebooks open on Colab, updates say what waits to be merged, and progress trust
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -70,6 +71,37 @@ def test_python_m_grader_starts_again_under_the_workbooks_venv(no_torch, tmp_pat
     done = _grader(root, "stage1", "--list", python=NO_TORCH, env=_env())
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"stage1 ({S1.module}.py" in done.stdout and S1.checks()[0].name in done.stdout
+
+
+def _commands(text: str) -> list[str]:
+    return re.findall(r"(?:python -m grader|\./workbook|!workbook)[^\n`]*", text)
+
+
+def test_every_place_a_learner_reads_prints_the_one_command():
+    readme = (ROOT / "README.md").read_text()
+    learner = readme.split("## How a learner works", 1)[1].split("\n## ", 1)[0]
+    places = {"README.md (How a learner works)": learner,
+              "docs/instructor.md": (ROOT / "docs" / "instructor.md").read_text(),
+              "the learner's README": bundle.learner_readme(stages.STAGES[:3]),
+              "the progress view's next line": progress_next_lines()}
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        printed = [o.get("text", "") for c in cells for o in c.get("outputs", [])]        # stream outputs
+        places[path.name] = "\n".join(["".join(c["source"]) for c in cells] + ["".join(x) for x in printed])
+    for where, text in places.items():
+        found = _commands(text)
+        assert found, f"{where} prints no command"
+        wrong = [c for c in found if "python -m grader" in c]
+        assert not wrong, f"{where} prints {wrong}: print {COMMAND} ..., which works without activating .venv"
+    last = "".join(json.loads((ROOT / "notebooks" / S1.notebook).read_text())["cells"][-1]["source"])
+    assert f"{COMMAND} stage1" in last
+
+
+def progress_next_lines() -> str:
+    from grader import progress
+    not_started = StageResult(S1.name, "stages", "not started")
+    failing = StageResult(S1.name, "stages", "graded", results=[CheckResult("x", 1, 0, "FAIL")])
+    return "\n".join(progress.next_step([(S1, r, "", False)]) for r in (not_started, failing))
 
 
 def test_the_top_level_list_names_every_stage_and_its_checks(capsys):
@@ -225,3 +257,14 @@ def test_progress_shows_the_last_grading_of_an_unchanged_stage(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert S1.name not in calls, out
     assert re.search(r"stage1 .* done", out) and "1 stage(s) unchanged since they were last graded" in out, out
+
+
+# -- docs ----------------------------------------------------------------------------------------
+def test_gradescope_doc_says_where_the_isolation_is_named():
+    text = " ".join((ROOT / "docs" / "gradescope.md").read_text().split())
+    assert "named in the output of `run_autograder`" not in text     # run_autograder prints nothing of it
+    assert "Learner code isolated by" in text
+    from grader import formats
+    result = StageResult(S1.name, "stages", "graded", isolation="bubblewrap",
+                         results=[CheckResult("x", 1, 1, "pass")])
+    assert "Learner code isolated by: bubblewrap." in formats.gradescope([(S1, result)])["output"]
