@@ -150,6 +150,10 @@ def test_release_points_the_notebooks_at_the_editions_repository(through3, tmp_p
         assert f"colab.research.google.com/github/acme/attn/blob/main/notebooks/{path.name}" in text
         assert 'WORKBOOK_REPO = \\"https://github.com/acme/attn\\"' in text
     assert edition.read(through3)["repository"] == "acme/attn"
+    published = shutil.copytree(through3, tmp_path / "published", symlinks=True)
+    publish.publish(published, ["stage2"], log=quiet)
+    solution = (published / "notebooks" / "02_first_triton.solution.ipynb").read_text()
+    assert "github/acme/attn/blob/main" in solution and bundle.PLACEHOLDER not in solution
     clone = tmp_path / "clone"                      # a clone of the edition's repository: its origin says it
     subprocess.run(["git", "init", "-q", str(clone)], check=True, timeout=60)
     subprocess.run(["git", "-C", str(clone), "remote", "add", "origin", "git@github.com:my-org/course.git"],

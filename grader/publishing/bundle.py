@@ -43,8 +43,7 @@ TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", "workbook", ".gitignore")
 CODE_DIRS = ("kernels", "grader", "constraints")
 LEARNER_DOCS = ("platforms.md",)           # docs written for learners; the rest are the instructor's
 _JUNK = {"__pycache__", ".ipynb_checkpoints"}
-#: What the notebooks' Colab badges and set-up cells name until an edition fills in its repository.
-PLACEHOLDER = "YOUR-ORG/flash-attention-workbook"
+PLACEHOLDER = edition.PLACEHOLDER
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
 _GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:|ssh://git@github\.com/)"
                      r"([A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+?)(?:\.git)?/?$")
@@ -136,13 +135,6 @@ def repository(dest: Path, repo: str | None, old: dict | None) -> str | None:
     return found.group(1) if found else None
 
 
-def _fill_repository(wanted: dict[str, bytes], repo: str) -> None:
-    """Point every notebook's Colab badge and set-up cell at ``repo``."""
-    for rel, data in wanted.items():
-        if rel.endswith(".ipynb"):
-            wanted[rel] = data.replace(PLACEHOLDER.encode(), repo.encode())
-
-
 def build(dest: str | Path, *, autograder: list[str] | None = None, through: str | None = None,
           repo: str | None = None, log=print) -> Path:
     """Write (or update in place) the learner's edition, or with ``autograder`` a Gradescope autograder.
@@ -164,8 +156,7 @@ def build(dest: str | Path, *, autograder: list[str] | None = None, through: str
     published = list((old or {}).get("published", []))
     repo = repository(dest, repo, old)
     wanted = collect(shipped, autograder=autograder, published=published)
-    if repo:
-        _fill_repository(wanted, repo)
+    edition.fill_repository(wanted, repo)
     keys = edition.answer_keys()
     given = {n for s in shipped for n in edition.answers_in(wanted[f"stages/{s.module}.py"], keys)}
     allowed = given | {stages.find(p).number for p in published}

@@ -38,6 +38,8 @@ NEW = ".new"
 #: the common ancestor ``update --merge`` needs for a three-way merge of a ``.new``.
 BASE = ".edition/base"
 _MERGEABLE = ("stages/", "notebooks/")
+#: What the notebooks' Colab badges and set-up cells name until an edition fills in its repository.
+PLACEHOLDER = "YOUR-ORG/flash-attention-workbook"
 
 
 class EditionError(RuntimeError):
@@ -314,6 +316,14 @@ def on_disk(folder: Path, meta: dict) -> dict[str, bytes]:
             if data is not None:
                 found[name] = data
     return found
+
+
+def fill_repository(contents: dict[str, bytes], repo: str | None) -> None:
+    """Point the Colab badge and set-up cell of every notebook in ``contents`` at the GitHub ``repo``
+    (``OWNER/NAME``), in place; nothing without one."""
+    for rel, data in contents.items():
+        if repo and rel.endswith(".ipynb"):
+            contents[rel] = data.replace(PLACEHOLDER.encode(), repo.encode())
 
 
 def cleared(notebook: bytes) -> bytes:

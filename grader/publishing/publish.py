@@ -144,6 +144,7 @@ def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
                                f"{', '.join(f'stage{n}' for n in reveals)}, which this edition has neither "
                                "published nor shipped: publish those too, or first")
         new.update(files_of(stage))
+    edition.fill_repository(new, meta.get("repository"))      # the solution notebooks open on Colab too
     contents = dict(edition.on_disk(dest, meta), **new)
     problems = edition.audit(contents, allowed, keys)
     if problems:
