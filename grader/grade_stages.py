@@ -121,14 +121,14 @@ def check_list(stage) -> str:
 
 def stage_help(stage_names: str) -> str:
     """What ``python -m grader stage3 --help`` says before its options: how to run it, and its checks."""
-    from grader import stages
+    from grader import COMMAND, stages
     parts = []
     for stage in (stages.find(name) for name in stage_names.split(",")):
         parts.append(f"Grade {stage.name}: stages/{stage.module}.py, with notebooks/{stage.notebook} beside it.\n\n"
-                     f"    python -m grader {stage.name}                 every check below\n"
-                     f"    python -m grader {stage.name} --only CHECK    one of them (repeatable)\n"
-                     f"    python -m grader {stage.name} --notebook      also run the notebook against your file\n"
-                     f"    WORKBOOK_SEED=N python -m grader {stage.name} repeat the inputs of a run (its seed is "
+                     f"    {COMMAND} {stage.name}                 every check below\n"
+                     f"    {COMMAND} {stage.name} --only CHECK    one of them (repeatable)\n"
+                     f"    {COMMAND} {stage.name} --notebook      also run the notebook against your file\n"
+                     f"    WORKBOOK_SEED=N {COMMAND} {stage.name} repeat the inputs of a run (its seed is "
                      "printed)\n\n" + check_list(stage))
     return "\n\n".join(parts) + "\n\nStatuses: pass, FAIL (a wrong answer, its most likely cause first), todo (a " \
         "TODO still as released), crash, timeout, not run (needs a GPU or a tool)."

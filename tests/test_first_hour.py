@@ -78,12 +78,14 @@ def _commands(text: str) -> list[str]:
 
 
 def test_every_place_a_learner_reads_prints_the_one_command():
+    from grader import grade_stages
     readme = (ROOT / "README.md").read_text()
     learner = readme.split("## How a learner works", 1)[1].split("\n## ", 1)[0]
     places = {"README.md (How a learner works)": learner,
               "docs/instructor.md": (ROOT / "docs" / "instructor.md").read_text(),
               "the learner's README": bundle.learner_readme(stages.STAGES[:3]),
-              "the progress view's next line": progress_next_lines()}
+              "the progress view's next line": progress_next_lines(),
+              "./workbook stage1 --help": grade_stages.stage_help("stage1")}
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = json.loads(path.read_text())["cells"]
         printed = [o.get("text", "") for c in cells for o in c.get("outputs", [])]        # stream outputs
