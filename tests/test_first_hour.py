@@ -138,6 +138,16 @@ def test_an_edition_through_stage3_holds_stages_1_to_3_and_says_when_the_rest_ar
     assert "stage3 " in rows.stdout and "stage4 " not in rows.stdout and "stage9 " not in rows.stdout, rows.stdout
 
 
+def test_the_tests_an_edition_ships_pass_in_it(through3):
+    """Every test it ships but the stages' own, which grade the learner's unfinished files."""
+    tests = sorted(f"tests/{p.name}" for p in (through3 / "tests").glob("test_*.py")
+                   if not p.name.startswith("test_stage"))
+    assert tests, "the edition ships no test besides the stages'"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=through3,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
 def test_a_new_edition_needs_through(tmp_path, capsys):
     dest = tmp_path / "course"
     assert release.main(to=str(dest)) == 2

@@ -69,8 +69,10 @@ def _tree(top: Path, *, skip=()) -> dict[str, bytes]:
     return found
 
 
-#: Tests of the instructor's material that an edition does not ship (docs/training.md and its JSON).
-INSTRUCTOR_TESTS = ("test_bench_train.py",)
+#: Tests of the instructor's material, which an edition does not ship: docs/training.md and its JSON
+#: (bench train), the notebooks' stored outputs and placeholder repository (Colab), grader/gradescope/
+#: (setup), and editions made and published from this repository (first hour).
+INSTRUCTOR_TESTS = ("test_bench_train.py", "test_colab.py", "test_setup.py", "test_first_hour.py")
 
 
 def _learner_tests(shipped: list) -> list[Path]:
