@@ -224,6 +224,14 @@ def test_update_merge_takes_the_new_version_in_and_keeps_the_learners_changes(tm
     assert not (dest / "stages" / "s.py.new").exists() and update.pending_note(dest) == ""
     backups = list((dest / ".edition" / "backup" / "stages").iterdir())
     assert [b.read_text() for b in backups] == [mine]
+    # a later edition: the merge starts from the version the last merge took in, and keeps both backups
+    edition.write(dest, {"stages/s.py": V1.replace("return 1", "return 10").replace("return 2", "return 200")
+                         .encode()}, {"version": "3"}, log=quiet)
+    assert update.merge("stages/s.py", root=dest, out=lines.append) == 2          # not from this folder
+    assert update.merge(str(dest / "stages" / "s.py"), root=dest, out=lines.append) == 0, lines
+    assert (dest / "stages" / "s.py").read_text() == V1.replace("return 1", "return 10").replace(
+        "return 2", "return 200").replace("return 3", "return 30")
+    assert sorted(b.read_text() for b in (dest / ".edition" / "backup" / "stages").iterdir()) == sorted([mine, merged])
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="the three-way merge uses git merge-file")

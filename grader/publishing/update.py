@@ -81,9 +81,7 @@ def merge(file: str, *, root: Path = ROOT, out=print) -> int:
                                          fromfile=rel, tofile=rel + edition.NEW)))
         out(f"Copy into {rel} what you want of the + lines, then delete {rel + edition.NEW}.")
         return 1
-    backup = root / ".edition" / "backup" / f"{rel}.{time.strftime('%Y%m%d-%H%M%S')}"
-    backup.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, backup)
+    backup = _backup(root, rel, mine)
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "merged"
         merged.write_bytes(mine)
@@ -105,6 +103,24 @@ def merge(file: str, *, root: Path = ROOT, out=print) -> int:
     out(f"{rel}: merged: the new edition's changes are in, and yours stay. Your version before the merge is in "
         f"{where}.")
     return 0
+
+
+def _backup(root: Path, rel: str, data: bytes) -> Path:
+    """Keep ``data`` (the learner's ``rel`` before a merge) in .edition/backup/, under a name no earlier
+    backup has."""
+    folder = root / ".edition" / "backup"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        backup = folder / (f"{rel}.{stamp}" if n == 0 else f"{rel}.{stamp}.{n}")
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        with open(fd, "wb") as f:
+            f.write(data)
+        return backup
+    raise FileExistsError(f"1000 backups of {rel} in {folder} within one second")
 
 
 def _relative(file: str, root: Path) -> str | None:
