@@ -1,11 +1,16 @@
 """Editions: the learner's copy of the workbook, versioned, published stage by stage, updated in place.
 
-``python -m grader release --to DIR [--through stageN]`` writes an edition; ``DIR/edition.json``
+``python -m grader release --to DIR --through stageN`` writes an edition; ``DIR/edition.json``
 says what it is and what was written:
 
-    {"version": "0.1.0+892164508c5c", "commit": "<the instructor repository's commit>",
-     "through": "stage3", "published": ["stage2"],
+    {"version": "0.1.0+892164508c5c.published.2", "commit": "<the instructor repository's commit>",
+     "base_version": "0.1.0+892164508c5c", "through": "stage3", "published": ["stage2"],
+     "repository": "my-org/course",
      "files": {"stages/stage1_online_softmax.py": "<sha256 of what the edition wrote>", ...}}
+
+``base_version`` is the source's (with ``.changes.<digest of the files>`` after the commit when
+released from uncommitted changes); ``version`` adds the published stages.  ``repository`` is the
+GitHub repository the notebooks open on Colab from, where one was given.
 
 Writing into a folder that already holds an edition updates it in place, and never loses a
 learner's work: a file still as the edition wrote it is replaced by the new version; a file the
