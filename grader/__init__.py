@@ -11,3 +11,8 @@ By role:
     bench/       timing against PyTorch SDPA and FlexAttention, its report and training step
     testing/     wrong solutions, the pytest bridge, the seed sweep
 """
+
+#: What a learner types to run the grader, from the workbook's folder, with .venv activated or not
+#: (the top-level ``workbook`` script runs .venv's Python).  Every message, README and notebook
+#: prints this one command, so the command a learner copies is one that works.
+COMMAND = "./workbook"

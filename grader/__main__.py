@@ -1,10 +1,15 @@
 """python -m grader: progress, grading, release, batches.
 
+Each command is also ./workbook COMMAND, the grader under .venv's Python with nothing to activate
+(the command the learner's messages print); python -m grader started from a Python without the
+workbook's packages starts again under .venv's.
+
     python -m grader                     progress over every stage
     python -m grader stage3              grade your stages/stage3_flash_forward.py
     python -m grader stage3 --solutions  grade the reference solution instead
     python -m grader stage3 --notebook   also run notebooks/03_flash_forward.ipynb with nbval
     python -m grader stage3 --list       the stage's checks, their points, which need a GPU
+    python -m grader --list              every stage's checks
     python -m grader stage3 --help       what stage 3's grading checks, and how to run part of it
     python -m grader release             regenerate stages/ from solutions/ (keeps your edits)
     python -m grader release --check     are stages/ and solutions/ in sync?
@@ -21,9 +26,10 @@ For instructors:
                                          grade a submission's stage files (DIR, or DIR/stages)
     python -m grader batch SUBMISSIONS --stages stage5,stage6 --out OUT
                                          grade a class: OUT/gradebook.csv, OUT/<learner>/results.json
-    python -m grader release --to DIR [--through stage3]
-                                         the learner's edition: no solutions, no hidden checks;
-                                         run again on DIR to update it without touching learners' edits
+    python -m grader release --to DIR --through stage3 [--repo OWNER/NAME]
+                                         the learner's edition of stages 1-3: no solutions, no hidden
+                                         checks, its notebooks opening on Colab from OWNER/NAME; run
+                                         again on DIR to update it without touching learners' edits
     python -m grader publish stage2 --to DIR
                                          add stage 2's reference solution, note and notebook to an edition
     python -m grader release --to DIR --autograder stage5,stage6
@@ -34,6 +40,7 @@ In a learner's edition:
     python -m grader stage3 --compare    grade, then your code beside the published reference, hole by hole
     python -m grader update --from DIR   take a newer edition in; your edited files stay, new versions
                                          go beside them as <name>.new
+    python -m grader update --merge FILE merge FILE.new into your FILE (a three-way merge; yours is backed up)
     python -m grader stage3 --sanitize --only CHECK
                                          run a check under compute-sanitizer (needs a GPU)
 
@@ -46,8 +53,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
+from pathlib import Path
 
 STAGE_NAMES = [f"stage{n}" for n in range(1, 10)]
 COMMANDS = (*STAGE_NAMES, "grade", "release", "publish", "update", "batch", "bench", "sweep", "doctor")
@@ -120,6 +129,8 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--solutions", action="store_true", help="progress view: over solutions/ instead of stages/")
     top.add_argument("--fresh", action="store_true", help="progress view: grade every started stage again, not "
                                                           "from the cache of unchanged ones")
+    top.add_argument("--list", action="store_true", dest="list_checks",
+                     help="list every stage with its checks, their points and what they need, and run nothing")
     top.set_defaults(command="progress")
     sub = top.add_subparsers(title="commands", metavar="COMMAND")
 
@@ -141,7 +152,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--autograder", metavar="STAGES", help="with --to: a Gradescope autograder for these stages "
                                                           "(stage5,stage6), hidden checks kept, and DIR.zip")
     p.add_argument("--through", metavar="STAGE", help="with --to: ship stages 1..STAGE only (stage N+1's file "
-                                                      "holds stage N's answers as given code)")
+                                                      "holds stage N's answers as given code); a new learner's "
+                                                      "edition needs it (stage9: all nine)")
+    p.add_argument("--repo", metavar="OWNER/NAME", help="with --to: the edition's GitHub repository, which the "
+                                                        "notebooks' Colab badges and set-up cells open (default: "
+                                                        "DIR's git remote origin on GitHub)")
     p.set_defaults(command="release", parser=p)
 
     p = sub.add_parser("publish", help="add reference solutions to a learner's edition, stage by stage",
@@ -152,7 +167,10 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("update", help="take a newer edition into this copy; your edited files stay",
                        describe=_doc("grader.publishing.update"))
-    p.add_argument("--from", dest="source", metavar="DIR", required=True, help="the newer edition's folder")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--from", dest="source", metavar="DIR", help="the newer edition's folder")
+    what.add_argument("--merge", metavar="FILE", help="merge FILE.new, the version update put beside your changed "
+                                                      "FILE, into FILE (yours is backed up first)")
     p.set_defaults(command="update")
 
     p = sub.add_parser("batch", help="grade a class of submissions: a gradebook and each learner's results",
@@ -253,13 +271,58 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                 args.parser.error(why)
         if args.out and args.format == "table":
             args.parser.error("--out goes with --format json or --format gradescope")
-    if args.command == "release" and (args.autograder or args.through) and not args.to:
-        args.parser.error("--autograder and --through go with --to DIR")
+    if args.command == "release" and (args.autograder or args.through or args.repo) and not args.to:
+        args.parser.error("--autograder, --through and --repo go with --to DIR")
     return args
+
+
+_REEXEC = "WORKBOOK_REEXEC"          # set in the environment of the grader started again under .venv's Python
+
+
+def _venv_python(root: Path) -> Path | None:
+    """The Python of the workbook's own environment, ``.venv`` beside grader/, if there is one."""
+    for rel in ("bin/python", "Scripts/python.exe"):
+        path = root / ".venv" / rel
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def ensure_workbook_python(argv: list[str]) -> None:
+    """Run the grader under a Python that has the workbook's packages, or say how to, with no traceback.
+
+    ``python -m grader stage1`` typed without activating .venv starts a Python that has no torch.
+    Where the workbook's .venv exists, the same command starts again under .venv's Python (once:
+    ``WORKBOOK_REEXEC`` stops a loop when .venv itself is broken); otherwise this prints what to run
+    and exits with status 2.  Only looks for torch (``find_spec``), it imports nothing.
+    """
+    if importlib.util.find_spec("torch") is not None:
+        return
+    root = Path(__file__).absolute().parent.parent       # not resolved: the folder the grader was found in
+    venv = _venv_python(root)
+    if venv is not None and not os.environ.get(_REEXEC):
+        path = os.environ.get("PYTHONPATH")
+        env = dict(os.environ, **{_REEXEC: "1"}, PYTHONPATH=str(root) + (os.pathsep + path if path else ""))
+        try:
+            os.execve(venv, [str(venv), "-m", "grader", *argv], env)
+        except OSError:
+            pass                      # cannot start it: say what to do, as when there is no .venv
+    from grader import COMMAND
+    command = " ".join([COMMAND, *argv])
+    if venv is not None:
+        why = (f"{venv} has no torch either: the set-up of .venv did not finish. Run  bash setup.sh  again "
+               "in the workbook's folder, then:")
+    else:
+        why = "There is no .venv in the workbook's folder yet. Run  bash setup.sh  there once (it installs them), then:"
+    print(f"The workbook's packages (torch, Triton) are not installed for this Python ({sys.executable}).\n"
+          f"{why}\n\n    {command}\n\n(./workbook runs the grader with .venv's Python; nothing to activate.)",
+          file=sys.stderr)
+    raise SystemExit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    ensure_workbook_python(argv)
     try:
         args = _parse(argv)
     except SystemExit as exc:          # argparse printed the usage and the error (or the help)
@@ -269,25 +332,35 @@ def main(argv: list[str] | None = None) -> int:
         use_isolation_option(args)
     limits = _limits(args)
     command = args.command
+    if command == "progress" and args.list_checks:
+        from grader import grade_stages, stages
+        return grade_stages.main(",".join(s.name for s in stages.STAGES), list_checks=True)
     if command == "progress":
         from grader import progress
         return progress.main(solutions=args.solutions, fresh=args.fresh)
     if command == "grade":
         from grader import grade_stages
-        return grade_stages.main(args.stages, solutions=args.solutions, submission=args.submission,
+        status = grade_stages.main(args.stages, solutions=args.solutions, submission=args.submission,
                                  notebook=args.notebook, only=args.only, list_checks=args.list_checks,
                                  format=args.format, out=args.out, sanitize=args.sanitize, compare=args.compare,
                                  limits=limits, jobs=args.jobs, argv=argv)
+        _pending_note(args)
+        return status
     if command == "release":
         from grader.publishing import release
         return release.main(check_only=args.check_only, force=args.force, to=args.to, autograder=args.autograder,
-                            through=args.through)
+                            through=args.through, repo=args.repo)
     if command == "publish":
         from grader.publishing import publish
         return publish.main(args.stages, to=args.to)
     if command == "update":
         from grader.publishing import update
-        return update.main(source=args.source)
+        if args.merge:
+            return update.merge(args.merge)
+        status = update.main(source=args.source)
+        if note := update.pending_note():
+            print("\n" + note)
+        return status
     if command == "batch":
         from grader import batch
         return batch.main(args.submissions, stages=args.stages, out=args.out, jobs=args.jobs, seed=args.seed,
@@ -309,6 +382,15 @@ def main(argv: list[str] | None = None) -> int:
                           only=args.only, json_path=args.json, jobs=args.jobs, time_limit=args.time_limit)
     from grader import doctor
     return doctor.main()
+
+
+def _pending_note(args) -> None:
+    """After grading a learner's own stages: the files a newer edition waits to be merged into."""
+    if args.format != "table" or args.solutions or args.submission or args.list_checks:
+        return
+    from grader.publishing import update
+    if note := update.pending_note():
+        print("\n" + note)
 
 
 def _limits(args) -> dict:

@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import files, holes, locate, sandbox, stages
+from grader import COMMAND, files, holes, locate, sandbox, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.limits import Limits
 from grader.publishing import release
@@ -581,14 +581,14 @@ def format_result(stage: Stage, result: StageResult, *, width: int | None = None
         missing = any("does not exist" in r.message for r in result.results)
         lines.append(f"  not started: {result.source}/{stage.module}.py "
                      f"{'does not exist' if missing else 'is as released'}. Open notebooks/{stage.notebook}, "
-                     f"fill in its TODOs, then run: python -m grader {stage.name}")
+                     f"fill in its TODOs, then run: {COMMAND} {stage.name}")
         return "\n".join(lines)
     if result.status == "import error":              # one cause, shown once, not once per check
         message = result.results[0].message if result.results else "the file could not be imported"
         body = _wrapped(message, width - 4)
         lines += [f"  {body[0]}"] + [f"    {b}" for b in body[1:]]
         lines.append(f"  none of its {len(result.results)} checks ran: fix that line, then run: "
-                     f"python -m grader {stage.name}")
+                     f"{COMMAND} {stage.name}")
         return "\n".join(lines)
     shown = [r for r in result.results if not r.hidden]
     name_w = max([len(r.name) for r in shown] + [5])

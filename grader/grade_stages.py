@@ -57,7 +57,9 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
         return sanitizer.relaunch(sys.argv[1:] if argv is None else argv)
     from grader.grade import default_jobs, grade_stage, print_result, submission_folder
     from grader.limits import Limits
+    from grader import progress
     jobs = jobs or default_jobs()
+    overrides = any(v is not None for v in (limits or {}).values())
     limits = Limits.from_env(jobs=jobs, **(limits or {}))
     table = format == "table"
     graded, failed = [], ""
@@ -68,6 +70,7 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
             source = "solutions" if solutions else "stages"
         print(f"grading {stage.name} ({source}/{stage.module}.py) ...", file=sys.stdout if table else sys.stderr,
               flush=True)
+        key = progress.key_of(stage, source) if source in ("stages", "solutions") and not (only or overrides) else None
         try:
             result = grade_stage(stage, source, only=only, limits=limits, jobs=jobs)
         except Exception as exc:  # noqa: BLE001 - the grader's own failure: reported as one, never as a score
@@ -76,6 +79,8 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
             traceback.print_exc()
             failed = f"grading {stage.name} stopped on an error of the grader's: {type(exc).__name__}: {exc}"
             break
+        if key and result.status != "not graded":
+            progress.remember(key, result)     # the progress view shows it while the files stay as graded
         if result.status == "not graded":         # the grader could not run the checks (no isolation)
             failed = failed or f"{stage.name} was not graded: {result.results[0].message if result.results else ''}"
         if table:
@@ -135,14 +140,14 @@ def check_list(stage) -> str:
 
 def stage_help(stage_names: str) -> str:
     """What ``python -m grader stage3 --help`` says before its options: how to run it, and its checks."""
-    from grader import stages
+    from grader import COMMAND, stages
     parts = []
     for stage in (stages.find(name) for name in stage_names.split(",")):
         parts.append(f"Grade {stage.name}: stages/{stage.module}.py, with notebooks/{stage.notebook} beside it.\n\n"
-                     f"    python -m grader {stage.name}                 every check below\n"
-                     f"    python -m grader {stage.name} --only CHECK    one of them (repeatable)\n"
-                     f"    python -m grader {stage.name} --notebook      also run the notebook against your file\n"
-                     f"    WORKBOOK_SEED=N python -m grader {stage.name} repeat the inputs of a run (its seed is "
+                     f"    {COMMAND} {stage.name}                 every check below\n"
+                     f"    {COMMAND} {stage.name} --only CHECK    one of them (repeatable)\n"
+                     f"    {COMMAND} {stage.name} --notebook      also run the notebook against your file\n"
+                     f"    WORKBOOK_SEED=N {COMMAND} {stage.name} repeat the inputs of a run (its seed is "
                      "printed)\n\n" + check_list(stage))
     return "\n\n".join(parts) + "\n\nStatuses: pass, FAIL (a wrong answer, its most likely cause first), todo (a " \
         "TODO still as released), crash, timeout, not run (needs a GPU or a tool)."

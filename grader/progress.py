@@ -1,9 +1,10 @@
 """``python -m grader`` with no stage: one line per stage, grading the ones you have started.
 
 Results are cached by content in ``.grader-cache/progress/``: a stage whose files, and the
-grader's own code, are unchanged since it was last graded on this machine is shown from the
-cache at once (with the seed it was graded with).  The cache only speeds up this view:
-``python -m grader stageN`` always grades afresh, and so do batches and Gradescope.
+grader's own code, are unchanged since it was last graded on this machine, by this view or by
+``python -m grader stageN`` (all its checks, the default limits), is shown from the cache at once
+(with the seed it was graded with).  The cache only speeds up this view: ``python -m grader stageN``
+always grades afresh, and so do batches and Gradescope.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import sys
 import time
 
-from grader import stages
+from grader import COMMAND, stages
 from grader.grade import StageResult, format_result, grade_stage, score_line
 from grader.publishing import edition, release
 from kernels import includes, loader, runtime
@@ -57,6 +58,18 @@ def _store(key: str, result: StageResult) -> None:
         tmp.replace(CACHE / f"{key}.json")
     except OSError:
         pass                          # a read-only checkout: no cache, same results
+
+
+def key_of(stage, source: str) -> str:
+    """The cache key of ``stage``'s files in ``source`` now; taken before grading, so an edit made while
+    a grading runs is never paired with its result."""
+    return _key(stage, source, _code_version())
+
+
+def remember(key: str, result: StageResult) -> None:
+    """Keep the result of ``python -m grader stageN`` for this view (a stage not started needs none)."""
+    if result.status != "not started":
+        _store(key, result)
 
 
 def _grade(stage, source: str, version: str, *, use_cache: bool, out) -> tuple[StageResult, bool]:
@@ -117,9 +130,12 @@ def progress(source: str = "stages", *, use_cache: bool = True, out=None) -> int
         print(f"  {stage.name:<7} {stage.title:<66} {state}", file=out)
     if cached:
         print(f"  ({cached} stage(s) unchanged since they were last graded here: shown from .grader-cache/; "
-              "python -m grader stageN grades afresh)", file=out)
+              f"{COMMAND} stageN grades afresh)", file=out)
     if details:
         print("\n" + "\n\n".join(details), file=out)
+    from grader.publishing import update
+    if note := update.pending_note():
+        print("\n" + note, file=out)
     print("\n" + next_step(rows), file=out)
     return 0 if ok else 1
 
@@ -132,7 +148,7 @@ def next_step(rows) -> str:
         notebook = f"notebooks/{stage.notebook}"
         if result.status == "not started":
             return (f"next: {stage.name} ({stage.title}): open {notebook}, fill in the TODOs of "
-                    f"stages/{stage.module}.py, then run: python -m grader {stage.name}")
+                    f"stages/{stage.module}.py, then run: {COMMAND} {stage.name}")
         shown = [r for r in result.results if not r.hidden]
         todo = sum(r.status == "todo" for r in shown)
         wrong = sum(r.status not in ("pass", "todo", "not run") for r in shown)
@@ -140,5 +156,5 @@ def next_step(rows) -> str:
                 ([f"fix the {wrong} failing check(s) above"] if wrong else [])
         what = "fix the import error above" if result.status == "import error" else (
             " and ".join(parts) or "see the hidden checks' line above")
-        return f"next: {stage.name}: {what} ({notebook} explains it), then run: python -m grader {stage.name}"
-    return "every stage is done here. On a GPU, python -m grader runs the GPU checks too"
+        return f"next: {stage.name}: {what} ({notebook} explains it), then run: {COMMAND} {stage.name}"
+    return f"every stage is done here. On a GPU, {COMMAND} runs the GPU checks too"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass
 
 from kernels.loader import ROOT
@@ -40,7 +41,7 @@ class Stage:
         return names
 
 
-STAGES: list[Stage] = [
+ALL: list[Stage] = [
     Stage(1, "stage1_online_softmax", "online softmax; tiled attention in PyTorch",
           "01_online_softmax.ipynb", "CPU or GPU"),
     Stage(2, "stage2_first_triton", "a first Triton kernel: program ids, pointers, masks, block loops",
@@ -61,11 +62,34 @@ STAGES: list[Stage] = [
 ]
 
 
+def _shipped(every: list[Stage]) -> list[Stage]:
+    """The stages this copy holds: all of them, except in an edition made with ``release --to DIR
+    --through stageN``, whose edition.json says it holds stages 1..N (the rest arrive by ``update``)."""
+    try:
+        through = json.loads((ROOT / "edition.json").read_text()).get("through")
+    except (OSError, ValueError, AttributeError):
+        return list(every)
+    last = next((s.number for s in every if s.name == through), every[-1].number)
+    return [s for s in every if s.number <= last]
+
+
+#: The stages of this copy of the workbook, in order (``ALL`` lists every stage the workbook has).
+STAGES: list[Stage] = _shipped(ALL)
+
+
 def find(name: str) -> Stage:
-    """A stage by 'stage3', '3' or its module name; otherwise a ValueError listing the stages."""
+    """A stage by 'stage3', '3' or its module name; otherwise a ValueError listing the stages
+    (or, for a stage a later edition brings, saying so and how it will arrive)."""
     key = name.strip().lower()
     for stage in STAGES:
         if key in (stage.name, str(stage.number), stage.module):
             return stage
+    for stage in ALL:
+        if key in (stage.name, str(stage.number), stage.module):
+            from grader import COMMAND
+            raise ValueError(f"{stage.name} ({stage.title}) is not in this edition yet: this copy holds stages "
+                             f"1-{STAGES[-1].number}. It arrives with a later edition of the workbook; when your "
+                             f"instructor gives you one, {COMMAND} update --from <its folder> brings it in "
+                             "without touching your work.")
     listing = ", ".join(f"{s.name} ({s.module})" for s in STAGES)
     raise ValueError(f"unknown stage {name!r}; the stages are: {listing}")

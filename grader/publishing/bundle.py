@@ -30,10 +30,12 @@ it in place without touching what the learner changed (grader/publishing/edition
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
-from grader import stages
+from grader import COMMAND, stages
 from grader.publishing import edition, publish, release
 from kernels.loader import ROOT
 
@@ -41,6 +43,10 @@ TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", "workbook", ".gitignore")
 CODE_DIRS = ("kernels", "grader", "constraints")
 LEARNER_DOCS = ("platforms.md",)           # docs written for learners; the rest are the instructor's
 _JUNK = {"__pycache__", ".ipynb_checkpoints"}
+PLACEHOLDER = edition.PLACEHOLDER
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
+_GITHUB = re.compile(r"^(?:https://github\.com/|git@github\.com:|ssh://git@github\.com/)"
+                     r"([A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+?)(?:\.git)?/?$")
 
 
 class BundleError(RuntimeError):
@@ -63,8 +69,17 @@ def _tree(top: Path, *, skip=()) -> dict[str, bytes]:
     return found
 
 
-def _learner_tests() -> list[Path]:
-    return sorted(p for p in (ROOT / "tests").glob("*.py") if "solutions" not in p.read_text())
+#: Tests of the instructor's material, which an edition does not ship: docs/training.md and its JSON
+#: (bench train), the notebooks' stored outputs and placeholder repository (Colab), grader/gradescope/
+#: (setup), and editions made and published from this repository (first hour).
+INSTRUCTOR_TESTS = ("test_bench_train.py", "test_colab.py", "test_setup.py", "test_first_hour.py")
+
+
+def _learner_tests(shipped: list) -> list[Path]:
+    """The tests that run without solutions/, less those of the stages an edition does not ship."""
+    later = {f"test_{s.name}.py" for s in stages.ALL if s not in shipped}
+    return sorted(p for p in (ROOT / "tests").glob("*.py") if "solutions" not in p.read_text()
+                  and p.name not in later and p.name not in INSTRUCTOR_TESTS)
 
 
 def collect(shipped: list, *, autograder: list[str] | None = None, published: list[str] = ()) -> dict[str, bytes]:
@@ -74,12 +89,13 @@ def collect(shipped: list, *, autograder: list[str] | None = None, published: li
         if (ROOT / name).is_file():
             wanted[name] = (ROOT / name).read_bytes()
     skip = [] if autograder else ["grader/checks/hidden", "grader/gradescope"]
+    later = [f"grader/checks/{s.name}.py" for s in stages.ALL if s not in shipped]   # their checks come with them
     for name in CODE_DIRS:
-        wanted.update(_tree(ROOT / name, skip=skip))
+        wanted.update(_tree(ROOT / name, skip=skip + later))
     for name in LEARNER_DOCS:
         if (ROOT / "docs" / name).is_file():
             wanted[f"docs/{name}"] = (ROOT / "docs" / name).read_bytes()
-    for path in _learner_tests():
+    for path in _learner_tests(shipped):
         wanted[f"tests/{path.name}"] = path.read_bytes()
     rendered = release.rendered()
     manifest = {}
@@ -100,20 +116,49 @@ def collect(shipped: list, *, autograder: list[str] | None = None, published: li
     return wanted
 
 
+def repository(dest: Path, repo: str | None, old: dict | None) -> str | None:
+    """The GitHub repository (``OWNER/NAME``) learners open the edition's notebooks from: ``repo``, else
+    the one the edition recorded, else ``dest``'s git remote ``origin`` where that is on GitHub."""
+    if repo:
+        if not _REPO.match(repo):
+            raise ValueError(f"--repo {repo!r}: expected OWNER/NAME, the GitHub repository learners open the "
+                             "notebooks from (my-org/attention-course, say)")
+        return repo
+    if old and old.get("repository"):
+        return old["repository"]
+    if not (dest / ".git").exists():
+        return None
+    try:
+        origin = subprocess.run(["git", "-C", str(dest), "remote", "get-url", "origin"], capture_output=True,
+                                text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = _GITHUB.match(origin)
+    return found.group(1) if found else None
+
+
 def build(dest: str | Path, *, autograder: list[str] | None = None, through: str | None = None,
-          log=print) -> Path:
-    """Write (or update in place) the learner's edition, or with ``autograder`` a Gradescope autograder."""
+          repo: str | None = None, log=print) -> Path:
+    """Write (or update in place) the learner's edition, or with ``autograder`` a Gradescope autograder.
+
+    ``through``: ship stages 1..that one (default: what the edition in ``dest`` ships, else all);
+    ``repo``: the GitHub repository (``OWNER/NAME``) the notebooks' Colab badges and cells point at
+    (default: the one the edition recorded, else ``dest``'s GitHub remote ``origin``; without one the
+    placeholder stays and a warning says so).
+    """
     dest = Path(dest).resolve()
     old = edition.read(dest)
-    if dest.exists() and any(dest.iterdir()) and old is None:
+    if dest.exists() and any(p.name != ".git" for p in dest.iterdir()) and old is None:
         raise BundleError(f"{dest} exists, is not empty and holds no edition ({edition.MANIFEST}): "
                           "choose a new folder")
     for name in autograder or []:
         stages.find(name)  # an unknown stage is an error now, not on Gradescope
-    last = stages.find(through or (old or {}).get("through") or stages.STAGES[-1].name)
-    shipped = [s for s in stages.STAGES if s.number <= last.number]
+    last = stages.find(through or (old or {}).get("through") or stages.ALL[-1].name)
+    shipped = [s for s in stages.ALL if s.number <= last.number]
     published = list((old or {}).get("published", []))
+    repo = repository(dest, repo, old)
     wanted = collect(shipped, autograder=autograder, published=published)
+    edition.fill_repository(wanted, repo)
     keys = edition.answer_keys()
     given = {n for s in shipped for n in edition.answers_in(wanted[f"stages/{s.module}.py"], keys)}
     allowed = given | {stages.find(p).number for p in published}
@@ -121,8 +166,13 @@ def build(dest: str | Path, *, autograder: list[str] | None = None, through: str
     if problems:
         raise BundleError("the edition would give away what it must not, so nothing was written:\n  "
                           + "\n  ".join(problems))
-    meta = dict(edition.source_version(), kind="autograder" if autograder else "learner", through=last.name,
-                published=published)
+    source = edition.source_version()
+    base = source["version"] + (f".changes.{edition.content_digest(wanted)}"
+                                if source["commit"].endswith("+changes") else "")
+    meta = dict(source, version=edition.edition_version(base, published), base_version=base,
+                kind="autograder" if autograder else "learner", through=last.name, published=published)
+    if repo:
+        meta["repository"] = repo
     if old and old.get("kind", "learner") != meta["kind"]:
         raise BundleError(f"{dest} holds a {old.get('kind', 'learner')} edition, not a {meta['kind']} one")
     dest.mkdir(parents=True, exist_ok=True)
@@ -142,6 +192,10 @@ def build(dest: str | Path, *, autograder: list[str] | None = None, through: str
     else:
         log(f"wrote {dest}: the learner's edition {meta['version']}, stages 1-{last.number}, {len(wanted)} files, "
             "no solutions")
+    if not autograder and not repo:
+        log(f"WARNING  the notebooks' Open-in-Colab badges and Colab set-up cells still name the placeholder "
+            f"{PLACEHOLDER}, which does not exist: on Colab they lead to a 404. Give the edition's GitHub "
+            "repository: release --to DIR --repo OWNER/NAME (or make DIR a clone whose origin is on GitHub).")
     return dest
 
 
@@ -149,9 +203,9 @@ def learner_readme(shipped: list) -> str:
     """The README of a learner's edition: what this is, set-up, the stages, grading, help."""
     rows = "\n".join(f"| {s.number} | {s.title} | `stages/{s.module}.py` | `notebooks/{s.notebook}` | {s.runs_on} |"
                      for s in shipped)
-    later = "" if shipped[-1].number == stages.STAGES[-1].number else (
-        f"\nStages {shipped[-1].number + 1}-{stages.STAGES[-1].number} arrive in a later edition; "
-        "`python -m grader update --from NEW` (or your instructor's instructions) brings them in without "
+    later = "" if shipped[-1].number == stages.ALL[-1].number else (
+        f"\nStages {shipped[-1].number + 1}-{stages.ALL[-1].number} arrive in a later edition; "
+        f"`{COMMAND} update --from NEW` (or your instructor's instructions) brings them in without "
         "touching your work.\n")
     return f"""# Flash Attention Workbook
 
@@ -184,11 +238,15 @@ of stage 4 needs an NVIDIA GPU, and its checks say "not run" elsewhere.
 3. Grade:
 
 ```bash
-.venv/bin/python -m grader stage3              # your stage 3, check by check, with what to fix
-.venv/bin/python -m grader stage3 --notebook   # ... and its notebook
-.venv/bin/python -m grader                     # your progress over every stage
-.venv/bin/python -m grader stage3 --compare    # once your instructor publishes stage 3's reference
+./workbook stage3              # your stage 3, check by check, with what to fix
+./workbook stage3 --notebook   # ... and its notebook
+./workbook                     # your progress over every stage
+./workbook stage3 --compare    # once your instructor publishes stage 3's reference
 ```
+
+`./workbook` runs the grader with `.venv`'s Python, from any folder, with nothing to activate. When
+an update keeps a file you changed and puts the new version beside it as `<name>.new`, the grader
+lists it until you run `./workbook update --merge <name>`.
 
 Each check is `pass`, `FAIL` (the message says where, and the likely cause), `todo` (a hole not
 filled yet), `crash`, `timeout` or `not run` (it needs a GPU). Inputs are fresh random numbers each

@@ -1,11 +1,16 @@
 """Editions: the learner's copy of the workbook, versioned, published stage by stage, updated in place.
 
-``python -m grader release --to DIR [--through stageN]`` writes an edition; ``DIR/edition.json``
+``python -m grader release --to DIR --through stageN`` writes an edition; ``DIR/edition.json``
 says what it is and what was written:
 
-    {"version": "0.1.0+892164508c5c", "commit": "<the instructor repository's commit>",
-     "through": "stage3", "published": ["stage2"],
+    {"version": "0.1.0+892164508c5c.published.2", "commit": "<the instructor repository's commit>",
+     "base_version": "0.1.0+892164508c5c", "through": "stage3", "published": ["stage2"],
+     "repository": "my-org/course",
      "files": {"stages/stage1_online_softmax.py": "<sha256 of what the edition wrote>", ...}}
+
+``base_version`` is the source's (with ``.changes.<digest of the files>`` after the commit when
+released from uncommitted changes); ``version`` adds the published stages.  ``repository`` is the
+GitHub repository the notebooks open on Colab from, where one was given.
 
 Writing into a folder that already holds an edition updates it in place, and never loses a
 learner's work: a file still as the edition wrote it is replaced by the new version; a file the
@@ -34,6 +39,12 @@ from kernels.loader import ROOT
 
 MANIFEST = "edition.json"
 NEW = ".new"
+#: The edition's own version of each file a learner edits (stages/, notebooks/), as last written:
+#: the common ancestor ``update --merge`` needs for a three-way merge of a ``.new``.
+BASE = ".edition/base"
+_MERGEABLE = ("stages/", "notebooks/")
+#: What the notebooks' Colab badges and set-up cells name until an edition fills in its repository.
+PLACEHOLDER = "YOUR-ORG/flash-attention-workbook"
 
 
 class EditionError(RuntimeError):
@@ -59,6 +70,21 @@ def source_version(root: Path = ROOT) -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     return {"version": f"{version}+{commit[:12]}" if commit != "unknown" else version, "commit": commit}
+
+
+def edition_version(base: str, published: list[str]) -> str:
+    """An edition's version: its source's (``base``), then the stages whose solutions it publishes, so that
+    publishing a stage, which changes what the edition holds, changes its version too."""
+    numbers = [name.removeprefix("stage") for name in published]
+    return base + (".published." + ".".join(numbers) if numbers else "")
+
+
+def content_digest(wanted: dict[str, bytes]) -> str:
+    """A short digest of what an edition holds: it tells two releases from uncommitted changes apart."""
+    digest = hashlib.sha256()
+    for rel in sorted(wanted):
+        digest.update(f"{rel}\0{_sha(wanted[rel])}\n".encode())
+    return digest.hexdigest()[:8]
 
 
 def read(folder: Path = ROOT) -> dict | None:
@@ -134,18 +160,25 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
             current = b"\0<not a plain file>"
         if current == data:
             recorded[rel] = _sha(data)
+            _keep_base(dest, rel, data)
             continue
         if current is not None and recorded.get(rel) == _sha(data):
+            if not files.plain_file(dest / (rel + NEW)):        # (while a .new waits, its ancestor stays)
+                _keep_base(dest, rel, data)
             continue           # changed by the learner, unchanged in the edition: nothing to say
         if current is None:
             _put(target, data, rel)
+            _keep_base(dest, rel, data)
             changes.append(f"added    {rel}")
         elif recorded.get(rel) == _sha(current):
             _put(target, data, rel)
+            _keep_base(dest, rel, data)
             changes.append(f"updated  {rel}")
         else:
             beside = dest / (rel + NEW)
             existing = files.read_plain(beside, limit=1 << 30) if files.plain_file(beside) else None
+            if existing is None:         # the merge's ancestor: the version their file started from
+                _check_base(dest, rel, recorded.get(rel))
             if existing != data:
                 _put(beside, data, rel)
             changes.append(f"kept     {rel}: it has your changes; the new version is {rel + NEW}")
@@ -155,6 +188,7 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
         current = files.read_plain(target) if files.plain_file(target) else None
         if current is not None and _sha(current) == recorded[rel]:
             target.unlink()
+            _check_base(dest, rel, None)
             changes.append(f"removed  {rel}")
         elif current is not None:
             changes.append(f"kept     {rel}: no longer part of the edition, and it has your changes")
@@ -166,6 +200,37 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
     for line in changes:
         log(line)
     return changes
+
+
+def _keep_base(dest: Path, rel: str, data: bytes) -> None:
+    """Record ``data`` as the edition's version of ``rel`` (a file a learner edits), the base of a later merge."""
+    if not rel.startswith(_MERGEABLE):
+        return
+    base = dest / BASE / rel
+    try:
+        if files.read_plain(base, limit=1 << 30) == data:
+            return
+    except files.UnsafeFile:
+        pass
+    _put(base, data, rel)
+
+
+def _check_base(dest: Path, rel: str, sha: str | None) -> None:
+    """Remove the recorded base of ``rel`` unless it is the version whose SHA-256 is ``sha``: a merge
+    with a wrong ancestor would silently undo changes, so without the right one it shows a diff instead."""
+    base = dest / BASE / rel
+    try:
+        data = files.read_plain(base, limit=1 << 30)
+    except files.UnsafeFile:
+        data = b""
+    if data is not None and (sha is None or _sha(data) != sha):
+        base.unlink()
+
+
+def pending(folder: Path = ROOT) -> list[str]:
+    """The files of an edition with a newer version waiting beside them (``<name>.new``), unmerged."""
+    meta = read(folder) or {}
+    return [rel for rel in sorted(meta.get("files", {})) if files.plain_file(Path(folder) / (rel + NEW))]
 
 
 def _put(target: Path, data: bytes, rel: str) -> None:
@@ -277,6 +342,14 @@ def on_disk(folder: Path, meta: dict) -> dict[str, bytes]:
             if data is not None:
                 found[name] = data
     return found
+
+
+def fill_repository(contents: dict[str, bytes], repo: str | None) -> None:
+    """Point the Colab badge and set-up cell of every notebook in ``contents`` at the GitHub ``repo``
+    (``OWNER/NAME``), in place; nothing without one."""
+    for rel, data in contents.items():
+        if repo and rel.endswith(".ipynb"):
+            contents[rel] = data.replace(PLACEHOLDER.encode(), repo.encode())
 
 
 def cleared(notebook: bytes) -> bytes:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -151,6 +150,7 @@ def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
                                f"{', '.join(f'stage{n}' for n in reveals)}, which this edition has neither "
                                "published nor shipped: publish those too, or first")
         new.update(files_of(stage))
+    edition.fill_repository(new, meta.get("repository"))      # the solution notebooks open on Colab too
     contents = dict(as_written(dest, meta), **new)
     problems = edition.audit(contents, allowed, keys)
     if problems:
@@ -158,6 +158,7 @@ def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
                            + "\n  ".join(problems))
     meta = dict(meta, published=sorted({*meta.get("published", []), *(s.name for s in chosen)},
                                        key=lambda n: stages.find(n).number))
+    meta["version"] = edition.edition_version(meta.get("base_version", meta["version"]), meta["published"])
     meta.pop("files", None)
     changes = edition.write(dest, new, meta, log=log, remove_missing=False)
     log(f"published {', '.join(s.name for s in chosen)} in {dest} ({len(changes)} file(s) written)")
