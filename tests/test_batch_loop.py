@@ -1,0 +1,70 @@
+"""The instructor's batch loop: grades are never mixed, dropped or reused after the grader changed.
+
+Tiny classes on stages 1 and 2 (a grading starts a worker, which costs seconds): a record names
+what graded it and a resume grades again what no longer matches; ``--regrade``; a ``--seed`` that
+is not the batch's is refused; grading a subset of stages keeps the others; a hanging function
+costs only its own checks; max scores follow one rule; checks.csv; a learner whose folder name is
+not UTF-8.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+
+import pytest
+
+from grader import batch, formats, stages
+from grader.grade import grade_stage
+from grader.publishing import release
+from grader.limits import ENV, Limits
+from grader.testing import mutants
+from kernels import runtime
+from kernels.loader import ROOT
+from tests.test_batch import FILE, HIDDEN, MAX, SOLUTION, STAGE1, _edit, _write
+
+STAGE2 = stages.find("stage2")
+HERE_MAX2 = sum(c.points for c in STAGE2.checks() if runtime.ON_GPU or not c.gpu)   # stage 2's points that run here
+SOFTMAX = {c.name: c.points for c in STAGE1.checks() if c.name.startswith("softmax")}
+CAFE = os.fsdecode(b"caf\xe9")          # a folder name that is not UTF-8 (Latin-1, as an old zip tool writes it)
+
+
+@pytest.fixture
+def run_batch(capfd):
+    """``python -m grader batch`` in this process (torch is imported once); returns (exit status, stderr)."""
+    term = signal.getsignal(signal.SIGTERM)
+
+    def go(subs, out, *args):
+        from grader.__main__ import main
+        capfd.readouterr()
+        code = main(["batch", str(subs), "--out", str(out), *args])
+        return code, capfd.readouterr().err
+    yield go
+    signal.signal(signal.SIGTERM, term)
+
+
+def _rows(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _book(out):
+    rows = _rows(out / "gradebook.csv")
+    assert rows and list(rows[0]) == list(batch.COLUMNS)
+    return {(r["learner"], r["stage"]): r for r in rows}
+
+
+def _record(out, learner, stage="stage1"):
+    return json.loads((out / "learners" / learner / f"{stage}.json").read_text())
+
+
+# -- one rule for max scores ------------------------------------------------------------------------------
+@pytest.mark.skipif(runtime.ON_GPU, reason="on a GPU every check of stage 2 runs")
+def test_a_stage_not_started_has_the_max_of_the_checks_that_run_here(tmp_path):
+    result = grade_stage(STAGE2, str(tmp_path))                  # no file: not started, nothing runs
+    assert result.status == "not started" and result.max_score == HERE_MAX2 < sum(c.points for c in STAGE2.checks())
+    entry = formats.gradescope([(STAGE2, result)])["tests"]
+    assert sum(t["max_score"] for t in entry) == HERE_MAX2
