@@ -150,13 +150,14 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
     """One check, one verdict: exceptions from the learner's side become statuses, never escape.
 
     ``deadline`` (a time.monotonic() value) is the stage's; ``limits.check_timeout``, when set,
-    replaces the check's own per-call ``timeout`` and bounds the whole check.
+    replaces the check's own per-call ``timeout`` and bounds the whole check; otherwise
+    ``limits.call_timeout``, when set (the stage's share, Limits.for_stage), bounds each call.
     """
     if _not_here(check):
         return CheckResult(check.name, check.points, 0, "not run", _not_here(check), hidden=check.hidden)
     start = time.monotonic()
     limits = limits or Limits.from_env()
-    timeout = check.timeout
+    timeout = check.timeout if limits.call_timeout is None else min(check.timeout, limits.call_timeout)
     if limits.check_timeout is not None:
         timeout = limits.check_timeout
         deadline = min(deadline or float("inf"), start + limits.check_timeout)
@@ -390,6 +391,7 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
         return Runner(stage.module, str(snapshot), limits=limits, private=private, mechanism=mechanism, cache=cache)
 
     result.workers = max(1, min(jobs, len(checks)))
+    limits = limits.for_stage(len(checks), result.workers, gpu=runtime.ON_GPU)   # a hang costs its own checks
     order, spent = (_longest_first(stage, checks) if own else None), {}
     try:
         results, failed_import = _run_checks(checks, runner, seed, deadline, limits, result.workers, on_result,

@@ -68,3 +68,13 @@ def test_a_stage_not_started_has_the_max_of_the_checks_that_run_here(tmp_path):
     assert result.status == "not started" and result.max_score == HERE_MAX2 < sum(c.points for c in STAGE2.checks())
     entry = formats.gradescope([(STAGE2, result)])["tests"]
     assert sum(t["max_score"] for t in entry) == HERE_MAX2
+
+
+# -- a hang costs only its own checks ---------------------------------------------------------------------
+def test_the_per_check_default_shares_out_the_stage():
+    from grader.limits import CHECK_FLOOR
+    n = len(STAGE1.checks())
+    assert Limits(stage_timeout=600).for_stage(n, 1).call_timeout == round(600 / n, 1)   # 9 hangs fit in 600 s
+    assert Limits(stage_timeout=600).for_stage(n, 3).call_timeout == 200.0      # run_check keeps 180 s, the check's own
+    assert Limits(stage_timeout=20).for_stage(n, 1, gpu=True).call_timeout == CHECK_FLOOR["gpu"]
+    assert Limits(check_timeout=7).for_stage(n, 1) == Limits(check_timeout=7)        # a limit given is kept
