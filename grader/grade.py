@@ -155,12 +155,22 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
     """
     if _not_here(check):
         return CheckResult(check.name, check.points, 0, "not run", _not_here(check), hidden=check.hidden)
-    start = time.monotonic()
     limits = limits or Limits.from_env()
+    booted = 0.0
+    if limits.check_timeout is not None and getattr(runner, "_proc", False) is None:
+        # A worker (re)started for this check, after an earlier check's crash or hang, is not the check's time:
+        # the whole-check limit starts once it is up, as a call's own limit does (the stage file is imported
+        # within the time the check has).
+        began = time.monotonic()
+        left = min(limits.check_timeout, (deadline or float("inf")) - began)
+        if left > 0:
+            runner._start(left)
+            booted = time.monotonic() - began
+    start = time.monotonic()
     timeout = check.timeout if limits.call_timeout is None else min(check.timeout, limits.call_timeout)
     if limits.check_timeout is not None:
         timeout = limits.check_timeout
-        deadline = min(deadline or float("inf"), start + limits.check_timeout)
+        deadline = min((deadline or float("inf")) + booted, start + limits.check_timeout)
     ctx = Ctx(runner, seed, timeout=timeout, deadline=deadline)
     status, message, hint, diagnosis, also = "pass", "", "", "", []
     runner.last_call = None

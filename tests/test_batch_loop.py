@@ -78,3 +78,36 @@ def test_the_per_check_default_shares_out_the_stage():
     assert Limits(stage_timeout=600).for_stage(n, 3).call_timeout == 200.0      # run_check keeps 180 s, the check's own
     assert Limits(stage_timeout=20).for_stage(n, 1, gpu=True).call_timeout == CHECK_FLOOR["gpu"]
     assert Limits(check_timeout=7).for_stage(n, 1) == Limits(check_timeout=7)        # a limit given is kept
+
+
+def test_a_worker_restart_is_not_charged_to_the_next_check():
+    """Under --check-timeout, the check after a crash or hang pays no worker start (importing torch, seconds
+    on a busy machine): a 3 s start and a 2 s per-check limit still leave the check its 2 s."""
+    import time
+
+    from grader.check import Check
+    from grader.grade import run_check
+
+    class Runner:                          # the worker's side of grader.worker.Runner, started as it starts
+        stage, source, last_call = STAGE1.module, "solutions", None
+        _proc = None
+
+        def _start(self, timeout):
+            time.sleep(3.0)
+            self._proc = object()
+
+        def call(self, fn_name, *args, timeout, **kwargs):
+            if self._proc is None:
+                self._start(timeout)
+            return 1.0
+
+        def output_tail(self, limit):
+            return ""
+
+    def two_calls(ctx):
+        ctx.learner.online_softmax(0.0)
+        ctx.learner.online_softmax(1.0)
+
+    check = Check("two_calls", two_calls, points=1)
+    r = run_check(check, Runner(), 0, deadline=time.monotonic() + 60, limits=Limits(check_timeout=2))
+    assert (r.status, r.earned) == ("pass", 1), r.message
