@@ -22,6 +22,14 @@ from grader.grade import StageResult, hidden_summary
 from grader.stages import Stage
 
 
+def learner_label(name: str) -> str:
+    """A learner's folder name as text that any file can hold: a name that is not UTF-8 (``os.fsdecode``
+    keeps its bytes as surrogates) has each such byte written ``\\xNN``, and a backslash is doubled, so
+    two folders never get the same label and a folder keeps its label from one run to the next."""
+    raw = os.fsencode(name).replace(b"\\", b"\\\\")
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write ``path`` whole or not at all: a temporary file beside it, then a rename."""
     path = Path(path)
