@@ -116,6 +116,8 @@ def test_a_resume_regrades_what_no_longer_matches(tmp_path, run_batch):
     assert code == 0 and "1 to grade, 1 already graded" in err and "1 (--regrade)" in err, err
     assert _record(out, "di")["seconds"] >= 0 and _record(out, "cy")["seconds"] == kept
     assert set(_book(out)) == {("cy", "stage1"), ("di", "stage1")} and _book(out)[("di", "stage1")]["seconds"] != "-1.0"
+    code, err = run_batch(subs, out, *seed, "--check-timeout", "30", "--regrade", "cy")       # every stage of one
+    assert code == 0 and "1 to grade, 1 already graded" in err and "1 (--regrade)" in err, err
     code, err = run_batch(subs, out, *seed, "--check-timeout", "30", "--regrade", "nobody")
     assert code == 2 and "--regrade 'nobody'" in err and "cy, di" in err, err
     code, err = run_batch(subs, out, *seed, "--check-timeout", "30", "--regrade", "di/stage2")
