@@ -179,7 +179,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", required=True, help="stages to grade, comma-separated: stage5,stage6")
     p.add_argument("--out", required=True, help="where the gradebook and results go")
     p.add_argument("--jobs", type=int, help="gradings at once (default: the machine's cores)")
-    p.add_argument("--seed", type=int, help="the inputs' seed (default: random, then kept in OUT/batch.json)")
+    p.add_argument("--seed", type=int, help="the inputs' seed (default: random, then kept in OUT/batch.json; "
+                                            "another one than OUT/batch.json's needs --regrade all)")
+    p.add_argument("--regrade", action="append", metavar="LEARNER[/STAGE]",
+                   help="grade again, whatever its record says: one learner, one learner's stage, or all "
+                        "(repeatable)")
     _add_grading_options(p)
     p.set_defaults(command="batch")
 
@@ -364,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "batch":
         from grader import batch
         return batch.main(args.submissions, stages=args.stages, out=args.out, jobs=args.jobs, seed=args.seed,
-                          limits=limits)
+                          limits=limits, regrade=args.regrade)
     if command == "bench":
         from grader.bench import measure
         return measure.main(args.stages, learner=args.learner, providers=args.providers, json_path=args.json,

@@ -12,18 +12,32 @@ seed per batch, kept in OUT/batch.json).  Learner code runs in the sandbox grade
 chooses: it sees its own submission and nothing of SUBMISSIONS, OUT or the other workers.  A
 batch refuses to start without a real isolation mechanism unless told ``--isolation none``.
 
-    OUT/gradebook.csv                      learner, stage, score, max_score, status, seconds, isolation
-    OUT/learners/<learner>/results.json    Gradescope's format; hidden checks folded into one line,
-                                           so it can go back to the learner as it is
+    OUT/gradebook.csv                      learner, stage, score, max_score, status, seconds, isolation,
+                                           submitted: a row per graded learner and stage
+    OUT/checks.csv                         learner, stage, check, points, max_points, status: a row per check
+    OUT/learners/<learner>/results.json    Gradescope's format, over every stage graded into OUT; hidden
+                                           checks folded into one line, so it can go back to the learner
     OUT/learners/<learner>/<stage>.json    the grader's full record, hidden checks by name: the
                                            instructor's
 
-A batch that is interrupted resumes: a (learner, stage) whose record exists and was made from
-the same stage files (their SHA-256 is in it) is not graded again, unless its grading failed for
-the grader's own reasons (an "error" record).  Every file is written to a temporary name and
-renamed, so none is ever half-written; the gradebook is rewritten, whole, each time a grading
-finishes.  Entries whose names start with a dot, anything in SUBMISSIONS that is neither a plain
-folder nor a zip, and what intake refuses are listed, with why, and left out.
+A record says what graded it: the SHA-256 of the stage files it graded, when they were handed in
+(the newest file's time, UTC), and a fingerprint: the grader's version, the stage's checks (their
+sources, hidden ones included: ``checks_digest``), the inputs' seed, the limits and the kind of
+machine.  A batch that is interrupted, or run again, grades a (learner, stage) again when its
+record is missing, its files changed, its fingerprint is not this batch's, or its grading failed
+for the grader's own reasons (an "error" record); it says how many for each reason.
+``--regrade LEARNER``, ``--regrade LEARNER/STAGE`` and ``--regrade all`` grade again whatever the
+record says.  The seed is the batch's (OUT/batch.json): a ``--seed`` other than that one is
+refused unless ``--regrade all`` comes with it, so no learner is ever graded on other inputs than
+the class.
+
+Grading some stages keeps the others: the gradebook, checks.csv and results.json hold every stage
+graded into OUT, by this batch or an earlier one, and learners graded earlier who are not in
+SUBMISSIONS now.  Every file is written to a temporary name and renamed, so none is ever
+half-written; the gradebook is rewritten, whole, each time a grading finishes.  A learner folder
+whose name is not UTF-8 is written in them with its odd bytes as ``\\xNN`` (``formats.learner_label``).
+Entries whose names start with a dot, anything in SUBMISSIONS that is neither a plain folder nor a
+zip, and what intake refuses are listed, with why, and left out.
 """
 
 from __future__ import annotations
@@ -33,21 +47,26 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
 from pathlib import Path
 
 from grader import files, formats, intake, sandbox, stages
-from grader.grade import CheckResult, StageResult, submission_folder
-from grader.limits import Limits
+from grader.grade import StageResult, submission_folder, verdicts
+from grader.limits import Limits, default_memory_mb
+from kernels import runtime
 from kernels.loader import ROOT
 
-COLUMNS = ("learner", "stage", "score", "max_score", "status", "seconds", "isolation")
+COLUMNS = ("learner", "stage", "score", "max_score", "status", "seconds", "isolation", "submitted")
+CHECK_COLUMNS = ("learner", "stage", "check", "points", "max_points", "status")
 _GRACE = 120.0  # seconds a grading process may take beyond its stage's limit (starting up, reporting)
 
 
@@ -76,32 +95,147 @@ def digest(folder: Path, stage) -> str:
     return h.hexdigest()
 
 
+def version(root: Path = ROOT) -> str:
+    """The grader's version, pyproject's (a record made by another version is graded again)."""
+    try:
+        match = re.search(r'^version\s*=\s*"([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
+    except OSError:
+        match = None
+    return match.group(1) if match else "unknown"
+
+
+#: The files besides a stage's own check modules whose change can change a verdict: the shared check
+#: helpers (every file of grader/checks/ that is not one stage's), how a check runs and is timed, and
+#: the reference and tolerances the answers are compared with.
+GRADING_SOURCES = ("grader/check.py", "grader/grade.py", "grader/limits.py", "kernels/reference.py",
+                   "kernels/tolerance.py", "kernels/masks.py")
+
+
+def checks_digest(stage, root: Path = ROOT) -> str:
+    """SHA-256 over what decides ``stage``'s verdicts: its check modules (grader/checks/stageN.py and,
+    where there is one, grader/checks/hidden/stageN.py), the shared check helpers and GRADING_SOURCES,
+    and each check's name, points and needs.  A hidden check added or changed changes it."""
+    checks = root / "grader" / "checks"
+    paths = [checks / f"{stage.name}.py", checks / "hidden" / f"{stage.name}.py"]
+    paths += sorted(p for p in checks.glob("*.py") if not re.fullmatch(r"stage\d+\.py", p.name))
+    paths += [root / rel for rel in GRADING_SOURCES]
+    h = hashlib.sha256()
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            data = b"<missing>"
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + data + b"\0")
+    for c in stage.checks():
+        h.update(f"{c.name} {c.points} {c.gpu} {c.sm} {c.hidden} {c.validation} {c.timeout}\n".encode())
+    return h.hexdigest()
+
+
+def fingerprint(stage, *, seed: int, limits: Limits, jobs: int) -> dict:
+    """What graded a record: the grader's version, the stage's checks (``checks_digest``), the inputs'
+    seed, the limits (the memory limit as "default" where it is the machine's default for ``jobs``,
+    so that another ``--jobs`` alone grades nothing again) and the kind of machine (a GPU runs checks a
+    CPU cannot).  A resume grades again every record whose fingerprint is not this one."""
+    shown = asdict(limits)
+    if shown["memory_mb"] == default_memory_mb(jobs):
+        shown["memory_mb"] = "default"
+    if runtime.ON_GPU:
+        major, minor = runtime.capability()
+        machine = f"gpu sm_{major}{minor}"
+    else:
+        machine = "cpu"
+    return {"grader": version(), "checks": checks_digest(stage), "seed": seed, "limits": shown, "machine": machine}
+
+
+#: Why a record is graded again, by the fingerprint's part that differs.
+_CHANGED = {"grader": "another grader version", "checks": "the checks or the code that runs them changed",
+            "seed": "other inputs seed", "limits": "other limits", "machine": "another kind of machine"}
+
+
+def parse_regrade(values: list[str] | None, everyone: list[Path], chosen: list) -> set[tuple[str, str | None]]:
+    """``--regrade`` values (``all``, ``LEARNER`` or ``LEARNER/STAGE``) as (learner's folder name, stage name or
+    None) pairs, ("*", None) for all; a ValueError naming the value for a learner or stage not in this batch."""
+    found: set[tuple[str, str | None]] = set()
+    names = {p.name: p.name for p in everyone} | {formats.learner_label(p.name): p.name for p in everyone}
+    for value in values or ():
+        if value == "all":
+            found.add(("*", None))
+            continue
+        learner, _, stage_name = value.rpartition("/") if "/" in value else (value, "", "")
+        if learner not in names:
+            listing = ", ".join(sorted(map(formats.learner_label, set(names.values()))))[:300] or "none"
+            raise ValueError(f"--regrade {value!r}: there is no learner {learner!r} in the submissions "
+                             f"(the learners: {listing})")
+        if stage_name:
+            try:
+                stage = stages.find(stage_name)
+            except ValueError as exc:
+                raise ValueError(f"--regrade {value!r}: {exc}") from None
+            if stage not in chosen:
+                raise ValueError(f"--regrade {value!r}: {stage.name} is not among --stages "
+                                 f"({', '.join(s.name for s in chosen)})")
+            found.add((names[learner], stage.name))
+        else:
+            found.add((names[learner], None))
+    return found
+
+
 class Batch:
     def __init__(self, submissions: Path, chosen: list, out: Path, *, jobs: int, limits: Limits, seed: int,
-                 mechanism: sandbox.Mechanism):
+                 mechanism: sandbox.Mechanism, regrade: set | None = None):
         self.submissions, self.stages, self.out, self.mechanism = submissions, chosen, out, mechanism
         self.jobs, self.limits, self.seed = jobs, limits, seed
+        self.regrade = set(regrade or ())
+        # When each learner handed in (POSIX seconds), where the files' own times do not say it (an archive).
+        self.fingerprints = {s.name: fingerprint(s, seed=seed, limits=limits, jobs=jobs) for s in chosen}
+        self._graded: set[tuple[str, str]] = set()      # (learner, stage) graded by this batch: --regrade is done
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self._stopping = False
 
-    def folder(self, learner: Path) -> Path:
-        return self.out / "learners" / learner.name
+    def folder(self, learner: Path | str) -> Path:
+        return self.out / "learners" / (learner if isinstance(learner, str) else learner.name)
 
-    def record_path(self, learner: Path, stage) -> Path:
+    def record_path(self, learner: Path | str, stage) -> Path:
         return self.folder(learner) / f"{stage.name}.json"
 
-    def load(self, learner: Path, stage) -> dict | None:
-        """The record of a finished grading, or None if there is none, it is stale, or the grading
-        failed for the grader's own reasons (graded again on resume)."""
+    def read(self, learner: Path | str, stage) -> dict | None:
+        """The record of ``learner``'s ``stage`` as it is on disk, whoever graded it; None if there is none."""
         try:
             data = files.read_plain(self.record_path(learner, stage))
             record = json.loads(data) if data is not None else None
         except (files.UnsafeFile, ValueError):
             return None
-        if not isinstance(record, dict) or "error" in record:
-            return None
-        return record if record.get("digest") == digest(learner, stage) else None
+        return record if isinstance(record, dict) and ("result" in record or "error" in record) else None
+
+    def stale(self, learner: Path, stage) -> str:
+        """Why ``learner``'s ``stage`` must be graded (again) in this batch; "" when its record stands."""
+        record = self.read(learner, stage)
+        asked = {("*", None), (learner.name, None), (learner.name, stage.name)} & self.regrade
+        if asked and (learner.name, stage.name) not in self._graded:
+            return "--regrade"
+        if record is None:
+            return "not graded yet"
+        if "error" in record:
+            return "the grader failed"
+        if record.get("digest") != digest(learner, stage):
+            return "the submission changed"
+        made = record.get("fingerprint")
+        if not isinstance(made, dict):
+            return "graded before records named what graded them"
+        now = self.fingerprints[stage.name]
+        changed = [_CHANGED[k] for k in now if made.get(k) != now[k]]
+        return ", ".join(changed)
+
+    def load(self, learner: Path, stage) -> dict | None:
+        """The record of a finished grading that this batch keeps: None if there is none, the submission or
+        the grading's fingerprint changed since, or the grading failed for the grader's own reasons."""
+        record = self.read(learner, stage)
+        return record if record is not None and not self.stale(learner, stage) else None
+
+    def submission_time(self, learner: Path, stage) -> str:
+        """When ``stage``'s files were handed in (a zip's member dates, which intake keeps); "" if never."""
+        return intake.submitted(learner, [stage]) or ""
 
     # -- one grading, in a process of its own ---------------------------------------------------
     def grade(self, learner: Path, stage) -> dict:
@@ -113,8 +247,9 @@ class Batch:
                    OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // self.jobs)))
         cmd = [sys.executable, "-m", "grader", stage.name, "--submission", str(learner), "--format", "json",
                "--out", str(tmp)]
-        record = {"learner": learner.name, "stage": stage.name, "digest": digest(learner, stage),
-                  "isolation": self.mechanism.name}
+        record = {"learner": formats.learner_label(learner.name), "stage": stage.name,
+                  "digest": digest(learner, stage), "fingerprint": self.fingerprints[stage.name],
+                  "submitted": self.submission_time(learner, stage), "isolation": self.mechanism.name}
         try:
             with self._lock:
                 if self._stopping:
@@ -141,6 +276,7 @@ class Batch:
         record["seconds"] = round(time.monotonic() - started, 1)
         if not self._stopping:  # an interrupted grading is graded again on resume
             formats.write_atomic(self.record_path(learner, stage), json.dumps(record, indent=1) + "\n")
+            self._graded.add((learner.name, stage.name))
         return record
 
     def stop(self) -> None:
@@ -153,36 +289,80 @@ class Batch:
     def stage_result(self, record: dict, stage) -> StageResult:
         if "result" in record:
             return StageResult.from_dict(record["result"])
-        return StageResult(stage.name, record["learner"], "error", results=[
-            CheckResult(c.name, c.points, 0, "crash", record["error"], hidden=c.hidden) for c in stage.checks()])
+        return StageResult(stage.name, record["learner"], "error", results=verdicts(stage.checks(), "crash",
+                                                                                    record["error"]))
+
+    def _kept(self, learner: Path | str, stage) -> dict | None:
+        """The record that stands for ``learner``'s ``stage`` in what this batch writes: for a stage of this
+        batch, a current record (or a failed grading, said as such); for any other stage, the record an
+        earlier batch left, whatever graded it (grading stage 2 this week keeps last week's stage 1)."""
+        if stage in self.stages and not isinstance(learner, str):
+            record = self.read(learner, stage)
+            return record if record is not None and ("error" in record or not self.stale(learner, stage)) else None
+        return self.read(learner, stage)
 
     def write_learner(self, learner: Path) -> None:
-        records = [(s, self.load(learner, s)) for s in self.stages]
-        if all(r is not None for _, r in records):
-            graded = [(s, self.stage_result(r, s)) for s, r in records]
-            formats.write_atomic(self.folder(learner) / "results.json",
-                                 json.dumps(formats.gradescope(graded), indent=1) + "\n")
+        """results.json over every stage graded for ``learner``, once this batch's stages are all graded."""
+        graded = []
+        for stage in stages.STAGES:
+            record = self.load(learner, stage) if stage in self.stages else self.read(learner, stage)
+            if record is None and stage in self.stages:
+                return
+            if record is not None and "result" in record:
+                graded.append((stage, self.stage_result(record, stage)))
+        formats.write_atomic(self.folder(learner) / "results.json",
+                             json.dumps(formats.gradescope(graded), indent=1) + "\n")
+
+    def _learner_names(self) -> list[Path | str]:
+        """The learners of this batch (paths), then those with records from earlier batches only (names)."""
+        found: list[Path | str] = list(learners(self.submissions, self.out))
+        seen = {p.name for p in found}
+        try:
+            earlier = sorted(e.name for e in os.scandir(self.out / "learners")
+                             if e.is_dir(follow_symlinks=False) and e.name not in seen)
+        except OSError:
+            earlier = []
+        return sorted(found + earlier, key=lambda p: p if isinstance(p, str) else p.name)
 
     def write_gradebook(self) -> int:
-        rows = []
-        for learner in learners(self.submissions, self.out):
-            for stage in self.stages:
-                record = self.load(learner, stage)
+        """gradebook.csv (a row per graded learner and stage) and checks.csv (a row per check); every stage
+        graded into this folder, by this batch or an earlier one, keeps its rows.  Returns the rows."""
+        rows, checks = [], []
+        for learner in self._learner_names():
+            label = formats.learner_label(learner if isinstance(learner, str) else learner.name)
+            for stage in stages.STAGES:
+                record = self._kept(learner, stage)
                 if record is None:
                     continue
                 result = self.stage_result(record, stage)
-                status = result.status
-                not_run = sum(r.status == "not run" for r in result.results)
-                if status == "graded" and not_run:
-                    status += f" ({not_run} GPU-only checks not run)"
-                rows.append((learner.name, stage.name, result.score, result.max_score, status, record["seconds"],
-                             record.get("isolation", "")))
-        text = io.StringIO()
-        writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(COLUMNS)
-        writer.writerows(rows)
-        formats.write_atomic(self.out / "gradebook.csv", text.getvalue())
+                rows.append((label, stage.name, result.score, result.max_score, gradebook_status(result),
+                             record.get("seconds", ""), record.get("isolation", ""), record.get("submitted", "")))
+                checks += [(label, stage.name, r.name, r.earned, r.points if r.status != "not run" else 0, r.status)
+                           for r in result.results]
+        formats.write_atomic(self.out / "gradebook.csv", _csv(COLUMNS, rows))
+        formats.write_atomic(self.out / "checks.csv", _csv(CHECK_COLUMNS, checks))
         return len(rows)
+
+
+def gradebook_status(result: StageResult) -> str:
+    """The gradebook's status: the stage's, and for a graded one "timeout" when checks ran out of time,
+    with how many, and how many GPU-only checks could not run here."""
+    status = result.status
+    if status != "graded":
+        return status
+    timed_out = sum(r.status == "timeout" for r in result.results)
+    not_run = sum(r.status == "not run" for r in result.results)
+    notes = ([f"{timed_out} check{'s' if timed_out != 1 else ''} timed out"] if timed_out else []) + \
+        ([f"{not_run} GPU-only checks not run"] if not_run else [])
+    return ("timeout" if timed_out else status) + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _csv(columns, rows) -> str:
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return text.getvalue()
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -223,8 +403,11 @@ def _interrupt(signum, frame):
 
 
 def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, limits: Limits | None = None,
-        seed: int | None = None) -> int:
-    """Grade every learner in ``submissions`` on ``chosen`` stages into ``out``; 0 when all finished."""
+        seed: int | None = None, regrade: list[str] | None = None) -> int:
+    """Grade every learner in ``submissions`` on ``chosen`` stages into ``out``; 0 when all finished.
+
+    ``regrade``: ``--regrade`` values (``all``, ``LEARNER``, ``LEARNER/STAGE``), graded again whatever their
+    records say."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if not submissions.is_dir():
         _say(f"{submissions} is not a folder of submissions (one folder per learner)")
@@ -250,11 +433,28 @@ def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, 
         meta = json.loads(files.read_plain(meta_path) or b"{}")
     except (files.UnsafeFile, ValueError):
         meta = {}
-    seed = seed if seed is not None else meta.get("seed", secrets.randbelow(2**31))
-    formats.write_atomic(meta_path, json.dumps({"seed": seed, "submissions": str(submissions)}, indent=1) + "\n")
-    batch = Batch(submissions, chosen, out, jobs=jobs, limits=limits, seed=seed, mechanism=mechanism)
     everyone = learners(submissions, out)
-    todo = [(p, s) for p in everyone for s in chosen if batch.load(p, s) is None]
+    try:
+        targets = parse_regrade(regrade, everyone, chosen)
+    except ValueError as exc:
+        _say(str(exc))
+        return 2
+    kept = meta.get("seed") if isinstance(meta, dict) else None
+    if seed is not None and isinstance(kept, int) and seed != kept:
+        # Every learner of a batch gets the same inputs: another seed is a new grading of the whole class.
+        if ("*", None) not in targets:
+            _say(f"--seed {seed} is not this batch's seed ({kept}, in {meta_path}): its records were graded on "
+                 f"seed {kept}'s inputs, and learners graded from now on would get other inputs than the class.\n"
+                 f"Run without --seed to go on with seed {kept}, or add --regrade all to grade everyone again "
+                 f"on seed {seed}.")
+            return 2
+        _say(f"NOTE: the inputs seed changes from {kept} to {seed}: every learner is graded again (--regrade all)")
+    seed = seed if seed is not None else kept if isinstance(kept, int) else secrets.randbelow(2**31)
+    formats.write_atomic(meta_path, json.dumps({"seed": seed, "submissions": str(submissions)}, indent=1) + "\n")
+    batch = Batch(submissions, chosen, out, jobs=jobs, limits=limits, seed=seed, mechanism=mechanism,
+                  regrade=targets)
+    why = {(p, s): batch.stale(p, s) for p in everyone for s in chosen}
+    todo = [(p, s) for p in everyone for s in chosen if why[(p, s)]]
     for p in everyone:
         batch.folder(p).mkdir(parents=True, exist_ok=True)
     total = len(everyone) * len(chosen)
@@ -264,6 +464,9 @@ def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, 
     _say(f"{len(everyone)} learners, {', '.join(s.name for s in chosen)}: {len(todo)} to grade, "
          f"{total - len(todo)} already graded; {jobs} at a time; inputs seed {seed}; learner code isolated by "
          f"{mechanism.describe()}")
+    again = Counter(reason for reason in why.values() if reason and reason != "not graded yet")
+    if again:
+        _say("graded again: " + "; ".join(f"{n} ({reason})" for reason, n in sorted(again.items())))
     progress = Progress(total, total - len(todo))
     remaining = {p.name: sum(1 for q, _ in todo if q == p) for p in everyone}
     if threading.current_thread() is threading.main_thread():
@@ -279,28 +482,29 @@ def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, 
             if not remaining[learner.name]:
                 batch.write_learner(learner)
             batch.write_gradebook()
-            progress.step(f"{learner.name} {stage.name}: {result.score}/{result.max_score} {result.status}",
-                          ok=result.ok)
+            progress.step(f"{formats.learner_label(learner.name)} {stage.name}: {result.score}/{result.max_score} "
+                          f"{gradebook_status(result)}", ok=result.ok)
     except KeyboardInterrupt:
         batch.stop()
         pool.shutdown(wait=True, cancel_futures=True)
-        rows = batch.write_gradebook()
-        _say(f"\ninterrupted: {rows} of {total} gradings are in {out / 'gradebook.csv'}; "
+        batch.write_gradebook()
+        done = sum(batch.load(p, s) is not None for p in everyone for s in chosen)
+        _say(f"\ninterrupted: {done} of {total} gradings are in {out / 'gradebook.csv'}; "
              "run the same command again to grade the rest")
         return 130
     pool.shutdown()
     for p in everyone:  # learners whose every stage was already graded before this run
         batch.write_learner(p)
     rows = batch.write_gradebook()
-    _say(f"gradebook: {out / 'gradebook.csv'} ({rows} rows); each learner's results.json is in "
-         f"{out / 'learners'}/<learner>/")
+    _say(f"gradebook: {out / 'gradebook.csv'} ({rows} rows; a row per check in checks.csv); each learner's "
+         f"results.json is in {out / 'learners'}/<learner>/")
     return 0
 
 
 def main(submissions: str | Path, *, stages: str, out: str | Path, jobs: int | None = None, seed: int | None = None,
-         limits: dict | None = None) -> int:
+         limits: dict | None = None, regrade: list[str] | None = None) -> int:
     """``python -m grader batch``: grade every learner in ``submissions`` on ``stages`` (``stage5,stage6``)
-    into ``out``; ``limits`` are ``Limits.from_env`` overrides."""
+    into ``out``; ``limits`` are ``Limits.from_env`` overrides; ``regrade`` the ``--regrade`` values."""
     from grader import stages as all_stages
     try:
         chosen = [all_stages.find(name) for name in stages.split(",")]
@@ -308,4 +512,4 @@ def main(submissions: str | Path, *, stages: str, out: str | Path, jobs: int | N
         print(exc, file=sys.stderr)
         return 2
     limits = Limits.from_env(jobs=jobs or os.cpu_count() or 1, **(limits or {}))
-    return run(Path(submissions), chosen, Path(out), jobs=jobs, limits=limits, seed=seed)
+    return run(Path(submissions), chosen, Path(out), jobs=jobs, limits=limits, seed=seed, regrade=regrade)

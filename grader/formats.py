@@ -4,7 +4,9 @@
 one test per check, named ``stage5 / check_name``, with its status and teaching message, and
 each stage's hidden checks folded into one entry, "k hidden checks: x/y points".  A check that
 needs a GPU on a machine without one is listed with ``max_score`` 0 and no status: it neither
-passed nor failed.  The format: https://gradescope-autograders.readthedocs.io/en/latest/specs/
+passed nor failed, and its points are in no max score here (a stage not started included: its one
+entry's ``max_score`` is the points that run here, as for a learner who handed in their work).
+The format: https://gradescope-autograders.readthedocs.io/en/latest/specs/
 
 ``--format json`` is everything, hidden checks by name included: the instructor's record (a
 learner's own machine has no hidden checks to show).  ``python -m grader batch`` reads it.
@@ -18,6 +20,14 @@ from pathlib import Path
 
 from grader.grade import StageResult, hidden_summary
 from grader.stages import Stage
+
+
+def learner_label(name: str) -> str:
+    """A learner's folder name as text that any file can hold: a name that is not UTF-8 (``os.fsdecode``
+    keeps its bytes as surrogates) has each such byte written ``\\xNN``, and a backslash is doubled, so
+    two folders never get the same label and a folder keeps its label from one run to the next."""
+    raw = os.fsencode(name).replace(b"\\", b"\\\\")
+    return raw.decode("utf-8", errors="backslashreplace")
 
 
 def write_atomic(path: str | Path, text: str) -> None:
@@ -71,7 +81,7 @@ def gradescope(graded: list[tuple[Stage, StageResult]], notes: list[str] = ()) -
             tests += [_test(stage, r) for r in result.results if not r.hidden]
             if hidden:
                 earned = sum(r.earned for r in result.results if r.hidden)
-                points = sum(r.points for r in result.results if r.hidden)
+                points = sum(r.points for r in result.results if r.hidden and r.status != "not run")
                 tests.append({"name": f"{stage.name} / hidden checks", "score": earned, "max_score": points,
                               "status": "passed" if earned == points else "failed", "output": hidden,
                               "visibility": "visible"})

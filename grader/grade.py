@@ -14,6 +14,11 @@ Statuses, as the table shows them:
 
 Hidden checks (grader/checks/hidden/) count in the score like any other; what a learner sees of
 them is one line, "k hidden checks: x/y points", with neither names nor messages.
+
+Max scores follow one rule wherever they are shown (this table, ``--format json``, Gradescope's
+results.json, a batch's gradebook): a check that cannot run on this machine (``not run``) carries
+no points here, for every learner, one who has not started included.  So on a CPU a stage's
+max_score is the points of its CPU checks; the GPU-only points count on a GPU.
 """
 
 from __future__ import annotations
@@ -75,7 +80,9 @@ class StageResult:
 
     @property
     def max_score(self) -> int:
-        return sum(r.points for r in self.results)
+        """The points of the checks that can run here: a check "not run" (no GPU, or a tool missing) counts
+        neither way, so a learner's score and max_score mean the same on every machine that graded it."""
+        return sum(r.points for r in self.results if r.status != "not run")
 
     @property
     def ok(self) -> bool:
@@ -147,21 +154,27 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
     """One check, one verdict: exceptions from the learner's side become statuses, never escape.
 
     ``deadline`` (a time.monotonic() value) is the stage's; ``limits.check_timeout``, when set,
-    replaces the check's own per-call ``timeout`` and bounds the whole check.
+    replaces the check's own per-call ``timeout`` and bounds the whole check; otherwise
+    ``limits.call_timeout``, when set (the stage's share, Limits.for_stage), bounds each call.
     """
-    if check.gpu and not runtime.ON_GPU:
-        return CheckResult(check.name, check.points, 0, "not run", "needs a CUDA GPU; none is visible here",
-                           hidden=check.hidden)
-    if check.gpu and check.sm and runtime.capability() < divmod(check.sm, 10):
-        major, minor = runtime.capability()
-        return CheckResult(check.name, check.points, 0, "not run", f"needs an sm_{check.sm} or newer GPU; this one is "
-                           f"sm_{major}{minor}", hidden=check.hidden)
-    start = time.monotonic()
+    if _not_here(check):
+        return CheckResult(check.name, check.points, 0, "not run", _not_here(check), hidden=check.hidden)
     limits = limits or Limits.from_env()
-    timeout = check.timeout
+    booted = 0.0
+    if limits.check_timeout is not None and getattr(runner, "_proc", False) is None:
+        # A worker (re)started for this check, after an earlier check's crash or hang, is not the check's time:
+        # the whole-check limit starts once it is up, as a call's own limit does (the stage file is imported
+        # within the time the check has).
+        began = time.monotonic()
+        left = min(limits.check_timeout, (deadline or float("inf")) - began)
+        if left > 0:
+            runner._start(left)
+            booted = time.monotonic() - began
+    start = time.monotonic()
+    timeout = check.timeout if limits.call_timeout is None else min(check.timeout, limits.call_timeout)
     if limits.check_timeout is not None:
         timeout = limits.check_timeout
-        deadline = min(deadline or float("inf"), start + limits.check_timeout)
+        deadline = min((deadline or float("inf")) + booted, start + limits.check_timeout)
     ctx = Ctx(runner, seed, timeout=timeout, deadline=deadline)
     status, message, hint, diagnosis, also = "pass", "", "", "", []
     runner.last_call = None
@@ -202,6 +215,24 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
     return CheckResult(check.name, check.points, earned, status, message, time.monotonic() - start,
                        hidden=check.hidden, diagnosis=diagnosis if status == "FAIL" else "",
                        also=also if status == "FAIL" else [], calls=sorted(ctx.called))
+
+
+def _not_here(check) -> str:
+    """Why ``check`` cannot run on this machine ("" when it can): it needs a CUDA GPU, or a newer one."""
+    if check.gpu and not runtime.ON_GPU:
+        return "needs a CUDA GPU; none is visible here"
+    if check.gpu and check.sm and runtime.capability() < divmod(check.sm, 10):
+        major, minor = runtime.capability()
+        return f"needs an sm_{check.sm} or newer GPU; this one is sm_{major}{minor}"
+    return ""
+
+
+def verdicts(checks, status: str, message: str) -> list[CheckResult]:
+    """One verdict for every check of a stage that did not run them (not started, refused, an import
+    error): ``status`` and ``message``, except "not run" for a check that cannot run here at all, which
+    carries no points here whatever the submission (the max-score rule above)."""
+    return [CheckResult(c.name, c.points, 0, "not run", _not_here(c), hidden=c.hidden) if _not_here(c)
+            else CheckResult(c.name, c.points, 0, status, message, hidden=c.hidden) for c in checks]
 
 
 def _usual_cause(hint: str, message: str) -> str:
@@ -342,8 +373,7 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
     result = StageResult(stage.name, str(source), "graded", seed=seed, device=runtime.describe())
     if not os.path.lexists(path):
         result.status = "not started"
-        result.results = [CheckResult(c.name, c.points, 0, "todo", f"{path} does not exist", hidden=c.hidden)
-                          for c in checks]
+        result.results = verdicts(checks, "todo", f"{path} does not exist")
         return result
     with _cleaned_on_sigterm():
         try:
@@ -351,12 +381,11 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
             snapshot = None if untouched else _snapshot(stage, source)
         except files.UnsafeFile as exc:
             result.status = "refused"
-            result.results = [CheckResult(c.name, c.points, 0, "FAIL", str(exc), hidden=c.hidden) for c in checks]
+            result.results = verdicts(checks, "FAIL", str(exc))
             return result
         if untouched:
             result.status = "not started"
-            result.results = [CheckResult(c.name, c.points, 0, "todo", "not started", hidden=c.hidden)
-                              for c in checks]
+            result.results = verdicts(checks, "todo", "not started")
             return result
         try:
             return _grade_snapshot(stage, source, snapshot, result, checks, limits, jobs, seed, deadline, only,
@@ -373,7 +402,7 @@ def _grade_snapshot(stage, source, snapshot, result, checks, limits, jobs, seed,
         mechanism = sandbox.choose()
     except sandbox.IsolationError as exc:
         result.status = "not graded"
-        result.results = [CheckResult(c.name, c.points, 0, "crash", str(exc), hidden=c.hidden) for c in checks]
+        result.results = verdicts(checks, "crash", str(exc))
         return result
     result.isolation = mechanism.name
 
@@ -393,6 +422,7 @@ def _grade_snapshot(stage, source, snapshot, result, checks, limits, jobs, seed,
                       mechanism=mechanism, cache=cache)
 
     result.workers = max(1, min(jobs, len(checks)))
+    limits = limits.for_stage(len(checks), result.workers, gpu=runtime.ON_GPU)   # a hang costs its own checks
     order, spent = (_longest_first(stage, checks) if own else None), {}
     with keys:
         results, failed_import = _run_checks(checks, runner, seed, deadline, limits, result.workers, on_result,
@@ -406,8 +436,7 @@ def _grade_snapshot(stage, source, snapshot, result, checks, limits, jobs, seed,
         result.status = "import error"
         msg = _import_message(exc, path.name, stage.module)
         msg += f"; last output: {tail}" if tail else ""
-        status = "timeout" if exc.timed_out else "crash"
-        result.results = [CheckResult(c.name, c.points, 0, status, msg, hidden=c.hidden) for c in checks]
+        result.results = verdicts(checks, "timeout" if exc.timed_out else "crash", msg)
     copies = re.compile(re.escape(str(snapshot)) + r"(-w\d+)?")       # the snapshot, and each worker's copy of it
     for r in result.results:           # name the learner's file, not the private copy, in messages
         r.message = copies.sub(lambda _: str(folder), r.message)
@@ -544,7 +573,7 @@ def hidden_summary(results: list[CheckResult]) -> str:
         return ""
     n = len(hidden)
     return (f"{n} hidden check{'s' if n != 1 else ''}: {sum(r.earned for r in hidden)}/"
-            f"{sum(r.points for r in hidden)} points")
+            f"{sum(r.points for r in hidden if r.status != 'not run')} points")
 
 
 def _seconds(r: CheckResult) -> str:

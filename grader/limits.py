@@ -3,7 +3,7 @@
 Each limit has a default, an environment variable, and an option of ``python -m grader``:
 
     per check   WORKBOOK_CHECK_TIMEOUT  --check-timeout  one check, all its learner calls together; unset,
-                                                         each call gets its check's own ``timeout`` (180 s)
+                                                         each call gets a share of the stage's time (below)
     per stage   WORKBOOK_STAGE_TIMEOUT  --stage-timeout  all the checks of one stage together (600 s):
                                                          a hanging submission costs at most this
     memory      WORKBOOK_MEMORY_MB      --memory-mb      the worker's resident memory (8 GiB; less on a
@@ -17,6 +17,17 @@ Each limit has a default, an environment variable, and an option of ``python -m 
 A call that runs out of time fails its check ("timeout"); a worker that goes over its memory
 or prints past the cap is stopped and the check fails ("crash") with that reason.  So is a worker
 whose reply to a call is larger than ``reply_bytes`` allows for that call.
+
+With no per-check limit given, each learner call of a check may take the check's own ``timeout``
+(180 s) or an equal share of the stage's time, whichever is less: ``stage_timeout * workers /
+checks`` (66.7 s for stage 1's nine checks on one worker), at least ``CHECK_FLOOR`` seconds
+(``Limits.for_stage``).  A call that hangs ends its check, so a function that hangs costs each
+check that calls it one share, and the checks after them still have theirs.  (A fixed 180 s per
+call let four hanging checks use up a 600 s stage and leave stage 1's attention checks "not run".)
+The share bounds each call, not the check, so starting a worker (importing torch, seconds on a busy
+machine) is never charged to a check.  The floor keeps a cold compile on a GPU inside one call's
+share (the slowest check in docs/verdicts.md spent 15 s compiling); on the CPU the interpreter
+compiles nothing, so the floor is small there and a short ``--stage-timeout`` stays short.
 """
 
 from __future__ import annotations
@@ -27,6 +38,11 @@ from dataclasses import dataclass, replace
 ENV = {"check_timeout": "WORKBOOK_CHECK_TIMEOUT", "stage_timeout": "WORKBOOK_STAGE_TIMEOUT",
        "memory_mb": "WORKBOOK_MEMORY_MB", "output_kb": "WORKBOOK_OUTPUT_KB", "processes": "WORKBOOK_PROCESSES",
        "disk_mb": "WORKBOOK_DISK_MB", "open_files": "WORKBOOK_OPEN_FILES"}
+
+
+#: The least time a call gets when the stage's time is shared out (``Limits.for_stage``): on a GPU a
+#: call may compile its kernels cold; in the CPU interpreter nothing compiles.
+CHECK_FLOOR = {"gpu": 60.0, "cpu": 5.0}
 
 
 def _ram_mb() -> int:
@@ -43,13 +59,14 @@ def default_memory_mb(jobs: int = 1) -> int:
 
 @dataclass(frozen=True)
 class Limits:
-    check_timeout: float | None = None    # None: each call gets its check's ``timeout``
+    check_timeout: float | None = None    # None: each call gets at most call_timeout
     stage_timeout: float = 600.0
     memory_mb: int = 8192
     output_kb: int = 1024
     processes: int = 256
     disk_mb: int = 2048
     open_files: int = 1024
+    call_timeout: float | None = None     # set by for_stage where check_timeout is None: each call's share
 
     @classmethod
     def from_env(cls, *, jobs: int = 1, **overrides) -> "Limits":
@@ -60,6 +77,15 @@ class Limits:
                 values[name] = float(os.environ[var]) if "timeout" in name else int(os.environ[var])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+    def for_stage(self, checks: int, workers: int = 1, *, gpu: bool = False) -> "Limits":
+        """These limits for grading ``checks`` checks on ``workers`` workers: with no per-check limit given,
+        ``call_timeout``, each call's share of the stage, ``stage_timeout * workers / checks`` seconds, at least
+        ``CHECK_FLOOR`` (more on a GPU, where kernels compile); a check's own shorter ``timeout`` still holds."""
+        if self.check_timeout is not None or checks < 1:
+            return self
+        share = self.stage_timeout * max(1, workers) / checks
+        return replace(self, call_timeout=round(max(share, CHECK_FLOOR["gpu" if gpu else "cpu"]), 1))
 
     def env(self) -> dict[str, str]:
         """These limits as WORKBOOK_* variables, for a grader started in another process."""

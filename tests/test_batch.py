@@ -63,7 +63,8 @@ def _batch(subs, out, *extra, **popen):
 def _gradebook(out):
     with open(out / "gradebook.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert rows and list(rows[0]) == ["learner", "stage", "score", "max_score", "status", "seconds", "isolation"]
+    assert rows and list(rows[0]) == ["learner", "stage", "score", "max_score", "status", "seconds", "isolation",
+                                      "submitted"]
     return {r["learner"]: r for r in rows}
 
 

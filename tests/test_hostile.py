@@ -42,6 +42,9 @@ SOLUTION = ROOT / "solutions" / f"{STAGE1.module}.py"
 FILE = f"{STAGE1.module}.py"
 FULL = 10                          # stage 1's points, hidden check included
 SLEEPER = "31415"                  # `sleep 31415`: a process an attacker leaves behind, found by name
+# The class's limits, the same for a resume (a record made under other limits is graded again).
+LIMITS = dict(WORKBOOK_CHECK_TIMEOUT="40", WORKBOOK_STAGE_TIMEOUT="150", WORKBOOK_MEMORY_MB="1024",
+              WORKBOOK_PROCESSES="64", WORKBOOK_DISK_MB="256")
 
 # Every attacker's file: the attack (ATTACK), then functions that use whatever it stole.
 TEMPLATE = '''
@@ -356,8 +359,7 @@ def graded(request, tmp_path_factory):
     guarded = {p: _sha(p) for p in [*ROOT.joinpath("solutions").iterdir(), *ROOT.joinpath("stages").iterdir()]
                if p.is_file()}
     secret = base64.b64encode(SOLUTION.read_bytes()).decode()
-    env = dict(os.environ, HOSTILE_SECRET=secret, WORKBOOK_CHECK_TIMEOUT="40", WORKBOOK_STAGE_TIMEOUT="150", WORKBOOK_MEMORY_MB="1024",
-               WORKBOOK_PROCESSES="64", WORKBOOK_DISK_MB="256", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, HOSTILE_SECRET=secret, PYTHONUNBUFFERED="1", **LIMITS)
     cmd = [sys.executable, "-m", "grader", "batch", str(subs), "--stages", "stage1", "--out", str(out),
            "--jobs", "2", "--isolation", mechanism]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
@@ -480,7 +482,7 @@ def test_resume_regrades_what_the_grader_failed(graded):
     data.pop("result")
     data["error"] = "grading failed (exit status -9): no output"
     record.write_text(json.dumps(data))
-    env = dict(os.environ, WORKBOOK_STAGE_TIMEOUT="150")
+    env = dict(os.environ, **LIMITS)
     done = subprocess.run([sys.executable, "-m", "grader", "batch", str(graded["subs"]), "--stages", "stage1",
                            "--out", str(graded["out"]), "--isolation", graded["mechanism"]],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
