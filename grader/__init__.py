@@ -16,3 +16,8 @@ By role:
 #: (the top-level ``workbook`` script runs .venv's Python).  Every message, README and notebook
 #: prints this one command, so the command a learner copies is one that works.
 COMMAND = "./workbook"
+
+#: Where a batch's grading process (``python -m grader stageN --format json``) reads its learner's folder and
+#: writes its record, in place of ``--submission`` and ``--out``: a process's environment is readable by its
+#: own user alone (/proc/PID/environ), its command line by every local user (/proc/PID/cmdline).
+BATCH_SUBMISSION_ENV, BATCH_OUT_ENV = "WORKBOOK_BATCH_SUBMISSION", "WORKBOOK_BATCH_OUT"

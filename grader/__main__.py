@@ -264,6 +264,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     """The options of the command line, checked as a whole; argparse's SystemExit when they are wrong."""
     args = parser().parse_args(_canonical(argv))
     if args.command == "grade":
+        from grader import BATCH_OUT_ENV, BATCH_SUBMISSION_ENV
+        if args.submission is None and os.environ.get(BATCH_SUBMISSION_ENV):     # a batch's grading
+            args.submission = os.environ[BATCH_SUBMISSION_ENV]
+            args.out = args.out or os.environ.get(BATCH_OUT_ENV)
         if args.solutions and args.submission:
             args.parser.error("--solutions and --submission choose different files: give one")
         if args.submission:         # a folder named by the person typing: relative to where they are

@@ -4,7 +4,7 @@ Each folder in SUBMISSIONS is one learner: their stage files, or a whole copy of
 (its ``stages/`` is used), there or one folder down; so is each zip of those (``kim.zip``), which
 grader/intake.py checks and extracts into OUT/intake/.  Each (learner, stage) is graded by a fresh
 
-    python -m grader stageN --submission SUBMISSIONS/<learner> --format json
+    python -m grader stageN --format json      (the learner's folder and the record's path in its environment)
 
 in a process of its own, so nothing one learner's code does can reach another's grading; up to
 ``--jobs`` of them (the machine's cores) run at once.  Every learner gets the same inputs (one
@@ -59,7 +59,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
-from grader import files, formats, intake, sandbox, stages
+from grader import BATCH_OUT_ENV, BATCH_SUBMISSION_ENV, files, formats, intake, sandbox, stages
 from grader.grade import StageResult, submission_folder, verdicts
 from grader.limits import Limits, default_memory_mb
 from kernels import runtime
@@ -241,12 +241,13 @@ class Batch:
     def grade(self, learner: Path, stage) -> dict:
         started = time.monotonic()
         tmp = self.folder(learner) / f".{stage.name}.{secrets.token_hex(6)}.tmp"
+        # The learner's folder and the record's path go in the environment, never on the command line.
         env = dict(os.environ, **self.limits.env(), WORKBOOK_SEED=str(self.seed),
                    WORKBOOK_PRIVATE=str(self.submissions), WORKBOOK_PROTECT=str(self.out),
+                   **{BATCH_SUBMISSION_ENV: str(learner), BATCH_OUT_ENV: str(tmp)},
                    **sandbox.checked_env(self.mechanism),
                    OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // self.jobs)))
-        cmd = [sys.executable, "-m", "grader", stage.name, "--submission", str(learner), "--format", "json",
-               "--out", str(tmp)]
+        cmd = [sys.executable, "-m", "grader", stage.name, "--format", "json"]
         record = {"learner": formats.learner_label(learner.name), "stage": stage.name,
                   "digest": digest(learner, stage), "fingerprint": self.fingerprints[stage.name],
                   "submitted": self.submission_time(learner, stage), "isolation": self.mechanism.name}

@@ -49,6 +49,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Self
 
+from grader import BATCH_OUT_ENV, BATCH_SUBMISSION_ENV
 from kernels.loader import ROOT
 
 ENV = "WORKBOOK_ISOLATION"
@@ -407,7 +408,7 @@ NO_AUTOTUNE = {"WORKBOOK_AUTOTUNE": "0"}
 
 
 #: A batch's submissions and records (grader/guard.py reads them in the grader, never in a worker).
-_CLASS_PATHS = ("WORKBOOK_PRIVATE", "WORKBOOK_PROTECT")
+_CLASS_PATHS = ("WORKBOOK_PRIVATE", "WORKBOOK_PROTECT", BATCH_SUBMISSION_ENV, BATCH_OUT_ENV)
 
 
 def _worker_env(*, home: str | None, uid: int | None) -> dict[str, str]:

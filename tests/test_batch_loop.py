@@ -276,3 +276,25 @@ def test_a_worker_restart_is_not_charged_to_the_next_check():
     check = Check("two_calls", two_calls, points=1)
     r = run_check(check, Runner(), 0, deadline=time.monotonic() + 60, limits=Limits(check_timeout=2))
     assert (r.status, r.earned) == ("pass", 1), r.message
+
+
+def test_no_learner_path_on_a_grading_s_command_line(tmp_path, run_batch, monkeypatch):
+    """Every local user can read a process's command line (/proc/PID/cmdline), only its own user its
+    environment: a batch names the learner's folder and the record's path in the environment alone."""
+    import subprocess
+    seen = []
+    real = subprocess.Popen
+
+    def recording(cmd, *args, **kwargs):
+        seen.append((list(cmd), dict(kwargs.get("env") or {})))
+        return real(cmd, *args, **kwargs)
+    monkeypatch.setattr(batch.subprocess, "Popen", recording)
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    _write(subs / "ada", SOLUTION)
+    code, err = run_batch(subs, out, "--stages", "stage1", "--jobs", "1")
+    assert code == 0, err
+    assert seen, "the batch started no grading process"
+    for cmd, env in seen:
+        assert not any(str(subs) in part or str(out) in part for part in cmd), cmd
+        assert env.get("WORKBOOK_BATCH_SUBMISSION", "").endswith("ada") and env.get("WORKBOOK_BATCH_OUT")
+    assert _book(out)[("ada", "stage1")]["score"] == _book(out)[("ada", "stage1")]["max_score"]
