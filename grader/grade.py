@@ -103,9 +103,17 @@ class StageResult:
 
 def submission_folder(path: str | Path, stage: Stage) -> Path:
     """Where a submission keeps ``stage``'s files: the folder itself, or its ``stages/`` (a whole
-    repository).  A link is never followed: a linked folder is reported when its files are read."""
+    repository), or either of those in the one folder it holds (a zip of a project folder, as an
+    upload unpacks).  A link is never followed: a linked folder is reported when its files are read."""
     path = Path(path)
-    for folder in (path, path / "stages"):
+    inner = []
+    if files.plain_folder(path) and not os.path.lexists(path / f"{stage.module}.py"):
+        try:
+            inner = [p for p in path.iterdir() if not p.name.startswith((".", "__MACOSX")) and files.plain_folder(p)]
+        except OSError:
+            inner = []
+    one_down = [inner[0], inner[0] / "stages"] if len(inner) == 1 else []
+    for folder in (path, path / "stages", *one_down):
         if os.path.islink(folder):
             return folder   # refused, with the reason, when it is read
         if files.plain_folder(folder) and os.path.lexists(folder / f"{stage.module}.py"):

@@ -300,3 +300,35 @@ def test_what_intake_cannot_place_is_left_out_with_the_reason(tmp_path):
     assert f"two copies of {FILE}" in why["both"]
     assert "ada/ is there too" in why["ada.zip"]
     assert "not a .zip" in why["notes.txt"]
+
+
+# -- one upload, unpacked with its project folder (Gradescope) ------------------------------------------
+def test_a_single_submission_one_folder_down_is_found(tmp_path):
+    """An upload of a zipped project folder unpacks as SUBMISSION/myproject/...: grading one submission
+    (``--submission``, as the Gradescope autograder does) finds its stage files there, or in its stages/."""
+    from grader.grade import submission_folder
+    (tmp_path / "a" / "myproject").mkdir(parents=True)
+    (tmp_path / "a" / "myproject" / FILE).write_text(SOLUTION)
+    (tmp_path / "a" / "__MACOSX").mkdir()                                  # beside it in zips macOS makes
+    assert submission_folder(tmp_path / "a", STAGE1) == tmp_path / "a" / "myproject"
+    (tmp_path / "b" / "wb" / "stages").mkdir(parents=True)
+    (tmp_path / "b" / "wb" / "stages" / FILE).write_text(SOLUTION)
+    assert submission_folder(tmp_path / "b", STAGE1) == tmp_path / "b" / "wb" / "stages"
+    (tmp_path / "a" / "other").mkdir()                                     # two folders: which is it? neither
+    assert submission_folder(tmp_path / "a", STAGE1) == tmp_path / "a"
+    (tmp_path / "c" / "deeper" / "still").mkdir(parents=True)
+    (tmp_path / "c" / "deeper" / "still" / FILE).write_text(SOLUTION)
+    assert submission_folder(tmp_path / "c", STAGE1) == tmp_path / "c"   # one level, no more
+
+
+def test_gradescope_grades_a_submission_one_folder_down(tmp_path):
+    sub = tmp_path / "submission" / "myproject"
+    sub.mkdir(parents=True)
+    (sub / FILE).write_text(SOLUTION)
+    out = tmp_path / "results.json"
+    done = subprocess.run([sys.executable, "-m", "grader", "stage1", "--submission", str(sub.parent), "--only", CHECK,
+                           "--format", "gradescope", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    tests = json.loads(out.read_text())["tests"]
+    assert [(t["score"], t["max_score"]) for t in tests if t["name"] == f"stage1 / {CHECK}"] == [(1, 1)], tests
