@@ -25,6 +25,7 @@ tile, so that CPU-sized tests still cross block edges.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from kernels import runtime
@@ -155,6 +156,25 @@ def autotune(tiles: dict, key: list[str], pre_hook=None):
 
     return triton.autotune(configs=[c for row in by_dim.values() for c in row], key=key,
                            prune_configs_by={"early_config_prune": prune})
+
+
+@contextlib.contextmanager
+def untuned():
+    """Within it, every launch takes its table's first tile untimed, as where ``WORKBOOK_AUTOTUNE=0``.
+
+    Autotuning compiles every tile of a table before the first long call, several seconds each:
+    worth it for a benchmark, not for a measurement that needs only one tile (peak memory, a
+    notebook's first timing of a learner's kernel).
+    """
+    before = os.environ.get(AUTOTUNE_ENV)
+    os.environ[AUTOTUNE_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(AUTOTUNE_ENV, None)
+        else:
+            os.environ[AUTOTUNE_ENV] = before
 
 
 def first_entry(tiles: dict, head_dim_pad: int, interpreter_tile: tuple) -> tuple[int, int, int, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kernels import runtime, tuning
@@ -87,6 +89,20 @@ def test_the_graders_workers_never_autotune(monkeypatch):
     kernel, tile = tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, tuning.TUNE_FROM, 1,
                                interpreter_tile=(32, 32, 4, 1))
     assert kernel is _FakeAutotuned.fn and (tile["BLOCK_M"], tile["BLOCK_N"]) == tuning.FORWARD_TILES[128][0][:2]
+
+
+def test_untuned_takes_the_first_entry_and_restores_the_setting(monkeypatch):
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setenv(tuning.AUTOTUNE_ENV, "1")
+    args = (_FakeAutotuned, tuning.FORWARD_TILES, 128, tuning.TUNE_FROM, 1)
+    with tuning.untuned():
+        kernel, tile = tuning.plan(*args, interpreter_tile=(32, 32, 4, 1))
+    assert kernel is _FakeAutotuned.fn and (tile["BLOCK_M"], tile["BLOCK_N"]) == tuning.FORWARD_TILES[128][0][:2]
+    assert tuning.plan(*args, interpreter_tile=(32, 32, 4, 1)) == (_FakeAutotuned, {})
+    monkeypatch.delenv(tuning.AUTOTUNE_ENV)
+    with pytest.raises(KeyError), tuning.untuned():
+        raise KeyError("an error inside")
+    assert tuning.AUTOTUNE_ENV not in os.environ
 
 
 def test_gqa_pack_takes_whole_groups_of_two_four_or_eight_heads():
