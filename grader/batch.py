@@ -358,11 +358,21 @@ def gradebook_status(result: StageResult) -> str:
     return ("timeout" if timed_out else status) + (f" ({'; '.join(notes)})" if notes else "")
 
 
+# A spreadsheet reads a cell that starts with one of these as a formula: a learner's folder named
+# "=HYPERLINK(...)" would run in the instructor's gradebook. Such a cell gets a leading apostrophe,
+# which spreadsheets show as text and do not display.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value):
+    return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_START) else value
+
+
 def _csv(columns, rows) -> str:
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(columns)
-    writer.writerows(rows)
+    writer.writerows([_cell(v) for v in row] for row in rows)
     return text.getvalue()
 
 

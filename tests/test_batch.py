@@ -126,3 +126,13 @@ def test_a_class_is_graded_whole_resumed_and_regraded(tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "1 to grade, 6 already graded" in err
     assert _gradebook(out)["bo"]["score"] == str(MAX)
+
+
+def test_a_cell_a_spreadsheet_would_run_as_a_formula_is_written_as_text():
+    """A learner's folder named like a formula must not run in the instructor's spreadsheet."""
+    from grader import batch
+    names = ["=HYPERLINK(\"http://x\",\"y\")", "+1+1", "-2", "@SUM(A1)", "\tx", "ada", "b=c"]
+    text = batch._csv(("learner", "score"), [(name, 7) for name in names])
+    rows = list(csv.reader(text.splitlines()))[1:]
+    assert [r[0] for r in rows] == ["'" + n for n in names[:5]] + ["ada", "b=c"]
+    assert all(r[1] == "7" for r in rows)
