@@ -556,7 +556,7 @@ def _bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
 
 
-# The kernels that other code launches itself (solutions/attention_op.py, under torch.compile),
+# The kernels that other code launches itself (solutions/attention_op/, under torch.compile),
 # by public names: the forward's and the backward's three, the same objects as above.
 flash_forward_kernel = _flash_forward_kernel
 bwd_preprocess_kernel = _bwd_preprocess_kernel

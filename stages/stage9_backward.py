@@ -298,7 +298,7 @@ def _flash_forward_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
     # A Python float arrives as float32 from Triton's launcher but as float64 from torch.compile's
-    # (stage 9's op, solutions/attention_op.py): fix its type, or the float64 would spread into
+    # (stage 9's op, solutions/attention_op/): fix its type, or the float64 would spread into
     # the accumulators.
     qk_scale = tl.cast(qk_scale, tl.float32)
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)        # which block of queries, which (batch, query head)
@@ -794,7 +794,7 @@ def _bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
 
 
-# The kernels that other code launches itself (solutions/attention_op.py, under torch.compile),
+# The kernels that other code launches itself (solutions/attention_op/, under torch.compile),
 # by public names: the forward's and the backward's three, the same objects as above.
 flash_forward_kernel = _flash_forward_kernel
 bwd_preprocess_kernel = _bwd_preprocess_kernel
