@@ -46,10 +46,8 @@ DEFAULT_SMEM = 227 * 1024   # an H100's shared memory per block (A100: 163 KB, R
 # (block_m / num_warps / 16) x (D / 2 + block_n / 2) floats of output and scores.  A warp that
 # owns two 16-row m-tiles (128 rows on 4 warps) reads each K and V fragment from shared memory
 # once for 32 rows instead of 16, which pays from D = 72 on (shared memory is this kernel's
-# bottleneck); at D above 96 its scores must shrink to 32 keys to fit the registers.  Measured
-# on an H200 (bf16, B4 H16 N4096; useful TFLOP/s), 128 x 64 on 8 warps -> the first choice here:
-# D48 243 -> (4 warps: 222, so it keeps 8), D72 256 -> 266, D96 272 -> 290, D128 246 -> 281,
-# D160 249 -> 285.
+# bottleneck); at D above 96 its scores must shrink to 32 keys to fit the registers.  Up to
+# D = 64, one m-tile per warp on 8 warps stays the faster.
 TILES_UP_TO_64 = ((128, 64, 8), (64, 64, 4), (64, 32, 4), (32, 32, 2), (16, 16, 1))
 TILES_UP_TO_96 = ((128, 64, 4), (64, 64, 4), (64, 32, 4), (32, 32, 2), (16, 16, 1))
 TILES_UP_TO_160 = ((128, 32, 4), (64, 32, 4), (32, 32, 2), (16, 16, 1))

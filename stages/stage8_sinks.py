@@ -214,10 +214,7 @@ def _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, st
                      HEAD_DIM_PAD: tl.constexpr):
     """Stage 3's set-up of a program, for the query rows offs_m (from _query_rows) of the heads
     that start at q_head (Q), k_head and v_head (K and V): the Q tile, loaded once (zeros outside
-    the sequence and in the padding columns), and where the head-dim columns of K and V start.
-    The rows come in, not out.  torch.compile, when it reads a kernel to learn which tensors it
-    writes, takes whatever a helper returns as made from all of the helper's arguments: a store
-    through rows returned from here would count as a write to Q, K and V."""
+    the sequence and in the padding columns), and where the head-dim columns of K and V start."""
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q = tl.load(q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)             # (BLOCK_M, HEAD_DIM_PAD)

@@ -63,10 +63,10 @@ class Size:
     head_dim: int = 64
     window: int = 128
     vocab: int = 16384
-    lr: float = 3e-3             # AdamW's.  The large model diverged at 3e-3 (loss 9.8 -> 12.8 in 18 steps),
-    #                              and at 5e-4 its providers' curves drifted 3.4% apart: AdamW's first steps
-    #                              move every weight by about lr whatever the gradient's size, so bfloat16
-    #                              rounding differences grow with lr.
+    lr: float = 3e-3             # AdamW's.  The large model takes 1e-4: at 3e-3 it diverges, and at a few
+    #                              times 1e-4 its providers' curves drift apart by more than LOSS_RTOL: AdamW's
+    #                              first steps move every weight by about lr whatever the gradient's size, so
+    #                              bfloat16 rounding differences grow with lr.
 
 
 SIZES = {

@@ -18,15 +18,15 @@ hook, below) and changes how they are called:
   ``register_autograd`` ties the two together.  The backward has no backward of its own.
 * **Kernels that say what they write.**  Inductor learns which tensors a ``wrap_triton`` kernel
   writes by following each store's pointer back through the kernel's Triton IR, and it takes a
-  helper's results as made from all of the helper's arguments.  When stage 5's
-  ``_load_query_tile`` (which takes Q, K and V) also returned the query rows that the forward
-  stores o and lse through, Inductor took Q, K and V for written: every compiled forward copied
-  all three before the kernel and back after it, and CUDA graphs were skipped ("mutated
-  inputs").  The rows now come from ``_query_rows``, which takes no tensor; a test checks the
-  analysis's verdict for every kernel the ops launch.
+  helper's results as made from all of the helper's arguments.  A tensor it takes for written
+  is copied before the kernel and back after it, and CUDA graphs are skipped when that tensor
+  is a graph input ("mutated inputs").  So the query rows the forward stores o and lse through
+  come from stage 5's ``_query_rows``, which takes no tensor, and are passed into
+  ``_load_query_tile`` (which takes Q, K and V), never returned from it; a test
+  (tests/kernel_writes.py) checks the analysis's verdict for every kernel the ops launch.
 * **Stage 9's kernels, one hook.**  Under ``torch.compile`` a Python float argument reaches a
-  user kernel as float64, which spread into the accumulators and broke the compile; stage 9's
-  kernels (and the forward kernel it includes from stage 8) now cast their scale arguments to
+  user kernel as float64, which would spread into the accumulators and break the compile; stage
+  9's kernels (and the forward kernel it includes from stage 8) cast their scale arguments to
   float32 first.
 * **A launch plan per shape, made outside tracing.**  The tile (BLOCK_M, BLOCK_N, warps,
   stages) of each kernel is chosen once per (shape, dtype, options): the table's first entry
@@ -43,13 +43,9 @@ hook, below) and changes how they are called:
   dispatch mode about go through an ``autograd.Function`` around the same two bodies;
   everything else goes through the ops.  Each eager call of a shape seen before launches the
   compiled kernels it kept (``_Launch``), skipping the argument binding Triton redoes on every
-  launch.  On an H100 host (B1 Hq8/Hkv2 N128 D64, window, learned sinks, ``bnhd``; two runs
-  of ``host_overhead`` in one process) the forward's host time per call was 54-55 µs and
-  forward plus backward 307-323 µs, against 79 and 459-700 µs through Triton's own launch.
-  That is still above the 40 and 100 µs the workbook aims at, and most of the rest is
-  PyTorch's: in the same runs SDPA's forward took 22 µs and its forward plus backward 138-245
-  µs, and an ``autograd.Function`` around one elementwise op 13 and 84-144 µs, so autograd's
-  backward alone costs more than 100 µs a call on that host.
+  launch.  What remains of the host time per call is mostly PyTorch's own (autograd's node and
+  backward), as ``python -m grader bench host`` shows beside SDPA at the same size
+  (docs/stage9-notes.md).
 
 A shape cannot tell the two layouts apart when they agree (B, 8, 8, D is either), so the
 layout is a required statement, not a guess; what validation can catch, it does: a tensor

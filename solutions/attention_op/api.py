@@ -26,10 +26,10 @@ HEAD_DIMS = s9.HEAD_DIMS
 
 class _EagerAttention(torch.autograd.Function):
     """The same forward and backward for plain eager tensors, without the dispatcher: the
-    Python that torch.library wraps around an op's autograd doubled the forward's host time
-    (see the module's docstring).  Only :func:`attention` uses it, for calls no tracer sees.
+    Python that torch.library wraps around an op's autograd adds host time to every call, as
+    much again as the forward's own.  Only :func:`attention` uses it, for calls no tracer sees.
     With ``bnhd`` the tensors come and go in (B, N, H, D) and reach the kernels as they are, their
-    strides given in the kernels' (B, H, N, D) order (:func:`_bhnd`): no transposed view is made,
+    strides given in the kernels' (B, H, N, D) order (``plans._bhnd``): no transposed view is made,
     in the forward or the backward."""
 
     @staticmethod

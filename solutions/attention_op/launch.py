@@ -42,8 +42,8 @@ def _direct(kernel):
     return kernel
 
 
-# Triton binds and specializes every argument of a JIT kernel on every launch (about 20 µs of
-# host time a launch on an H100 host with Triton 3.6).  An eager call whose tensors agree in
+# Triton binds and specializes every argument of a JIT kernel on every launch, in Python, and at
+# small sizes that host time exceeds the kernel's GPU time.  An eager call whose tensors agree in
 # everything Triton specializes on (shapes, strides, dtypes, 16-byte alignment, the options)
 # launches the very same compiled kernels, so the eager path keeps them per such call key and
 # launches them through their own launcher, launch hooks (a profiler's) included.  Off the GPU

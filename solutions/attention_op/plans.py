@@ -20,8 +20,8 @@ _plans: dict[tuple, dict] = {}
 
 
 def _cdiv(a: int, b: int) -> int:
-    """``triton.cdiv`` in plain integers: Triton's own goes through its constexpr machinery, a few
-    microseconds of host time a call, and a call launches up to four kernels."""
+    """``triton.cdiv`` in plain integers: Triton's own goes through its constexpr machinery, host
+    time on every call, and a call of the op launches up to four kernels."""
     return -(-a // b)
 
 
