@@ -306,9 +306,25 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
                     block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None):
     """FlashAttention forward with the CUDA kernel; returns ``(o, lse)``.
 
-    q: (B, H, Nq, D); k, v: (B, H, Nk, D); D a multiple of 8 from 8 to 256; any Nq, Nk >= 1;
-    any strides.  float16 or bfloat16 on a CUDA GPU.  ``block_m``/``block_n`` (multiples of 16)
-    and ``num_warps`` override the plan's tiles.
+    The kernel is built for the configuration ``plan_tiling`` picks (or the one the overrides
+    make) on its first use.  On the CPU, ``emulate_attention`` runs the same block schedule.
+
+    Args:
+        q: (B, H, Nq, D) queries, any strides (copied when the kernel's 16-byte loads need it);
+            float16 or bfloat16 on a CUDA GPU (sm_80 or newer); D a multiple of 8 from 8 to 256;
+            B x H at most 65535.
+        k, v: (B, H, Nk, D) keys and values, any strides: q's batch, heads, head dim, dtype and
+            device; Nk >= 1.
+        causal: query i sees key j iff j <= i + (Nk - Nq), the diagonal aligned bottom-right; a row
+            that sees no key (Nq > Nk) gets o = 0 and lse = -inf.
+        sm_scale: the scores' scale, a positive number; None means ``1 / sqrt(D)``.
+        block_m: query rows per thread block, a multiple of 16 from 16 to 256; None: the plan's.
+        block_n: keys per loop step, a multiple of 16 from 16 to 256; None: the plan's.
+        num_warps: 1, 2, 4 or 8, splitting block_m into 16-row m-tiles; None: the plan's.
+
+    Returns:
+        ``(o, lse)``: o (B, H, Nq, D) contiguous, in q's dtype; lse (B, H, Nq) float32, the
+        log-sum-exp of each row's scaled scores in natural log (base e).
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, sm_scale=sm_scale, dtypes=(torch.float16, torch.bfloat16))

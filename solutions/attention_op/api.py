@@ -127,13 +127,34 @@ def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, e
               layout: str = "bhnd") -> torch.Tensor:
     """Scaled dot-product attention with the workbook's kernels, differentiable, compilable.
 
-    ``layout="bhnd"``: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D); ``layout="bnhd"``: q
-    (B, Nq, Hq, D), k and v (B, Nk, Hkv, D).  Returns o in q's layout, dtype and strides.
-    ``is_causal`` aligns the diagonal bottom-right (query i sees key j iff j <= i + Nk - Nq);
-    ``scale`` defaults to 1/sqrt(D); ``enable_gqa=True`` allows Hkv < Hq (Hq % Hkv == 0);
-    ``window=W`` (needs is_causal) keeps the W most recent keys; ``sink_tokens=S`` keeps keys
-    j < S visible whatever the window; ``sinks`` float32 (Hq,) learned sink logits (gpt-oss),
-    with a gradient.  float16 and bfloat16 (and float32) on a GPU; 16 <= D <= 256.
+    SDPA's argument names, with the workbook's masks and an explicit layout.  Differentiable in
+    q, k, v and sinks; under ``torch.compile(fullgraph=True)`` it is the op
+    ``workbook::attention_forward`` (no graph break).
+
+    Args:
+        q: queries, (B, Hq, Nq, D) with ``layout="bhnd"``, (B, Nq, Hq, D) with ``"bnhd"``; any
+            strides.  float16 or bfloat16 (or float32) on a GPU, float16 or float32 on the CPU
+            (Triton's interpreter); 16 <= D <= 256.
+        k, v: keys and values, (B, Hkv, Nk, D) or (B, Nk, Hkv, D) in the same layout; q's batch,
+            head dim, dtype and device; Nk >= 1.
+        is_causal: query i sees key j iff j <= i + (Nk - Nq): the diagonal aligned bottom-right.
+        scale: the scores' scale, a positive number; None means ``1 / sqrt(D)``.
+        enable_gqa: allow Hkv < Hq (grouped-query attention; Hq % Hkv == 0, query head h reads
+            key/value head h // (Hq // Hkv)).  Without it Hq must equal Hkv.
+        window: W >= 1 (needs ``is_causal``): a query sees the W most recent keys, its own
+            included; None: no window.
+        sinks: float32 (Hq,) learned sink logits (gpt-oss), one per query head, on q's device,
+            with a gradient; None: no learned sinks.
+        sink_tokens: S >= 0: keys j < S stay visible whatever the window.
+        layout: ``"bhnd"`` (the workbook's and SDPA's) or ``"bnhd"`` (FlashAttention's); it is
+            read through strides, never copied, and cannot be guessed from shapes.
+
+    Returns:
+        o, q's shape, layout, dtype and strides.  (The log-sum-exp is not returned; the op
+        ``workbook::attention_forward`` returns it, (B, Hq, Nq) float32 in natural log.)
+
+    Raises:
+        ValueError, TypeError: an argument that breaks the above, named with the layout.
     """
     if torch.compiler.is_compiling():                 # traced once; the sizes become guards
         window_arg, scale_arg = _validate(q, k, v, is_causal, scale, enable_gqa, window, sink_tokens, sinks, layout)
