@@ -9,7 +9,9 @@ module.  Which copy is loaded is chosen by ``source``, else by the environment v
     <a folder>   any folder shaped like stages/ (a submission to grade)
 
 Modules are loaded from their file path under a name of their own, so a learner's stage 3
-and the solution's stage 3 can both be loaded in one process without clashing.  A solution file
+and the solution's stage 3 can both be loaded in one process without clashing.  A package of
+the instructors' (``solutions/attention_op/``) is imported by ``load_package`` instead, once per
+process, under the dotted name of its folder.  A solution file
 that includes code of an earlier stage (kernels/includes.py) runs expanded: the code it runs,
 tracebacks and Triton's view of its kernels all come from the expanded text.
 """

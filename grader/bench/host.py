@@ -28,8 +28,18 @@ def _op():
 
 
 def host_overhead(*, calls: int = 2000, batch=1, heads=8, kv_heads=2, n=128, head_dim=64) -> dict:
-    """Host time per call (µs) of :func:`attention`, of its parts and of stage 9's ``attention``, at a size small enough
-    that the GPU waits for the host: the loop's wall time before it synchronizes, over ``calls``."""
+    """Host and wall time per call, in microseconds, of solutions/attention_op's ``attention``, of its parts, of
+    stage 9's ``attention`` and of SDPA, at a size small enough that the GPU waits for the host.
+
+    Args:
+        calls: timed calls per case (after 50 untimed ones).
+        batch, heads, kv_heads, n, head_dim: the shape, (B, N, H, D) with ``heads`` query heads and
+            ``kv_heads`` key/value heads, bfloat16 on the current CUDA device.
+
+    Returns:
+        ``{case: {"host_us": float, "wall_us": float}}``: the loop's time before it synchronizes
+        (host) and after (wall), over ``calls``.
+    """
     import triton
     op = _op()
     s9 = op.s9
