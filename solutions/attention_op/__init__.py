@@ -6,8 +6,8 @@ Stage 9's ``attention`` is a plain ``autograd.Function`` around Triton kernels w
 ``triton.autotune``.  That works in eager mode and nowhere else: Dynamo cannot trace the
 autotuner (it mutates its config list), Inductor recompiles the kernels with its own view of
 the arguments, and every call re-validates its inputs and re-plans its launch in Python, which
-costs more host time than a small GPU call takes.  This package keeps stage 9's kernels (but for one
-hook, below) and changes how they are called:
+costs more host time than a small GPU call takes.  This package keeps stage 9's kernels (but
+for one hook, below) and changes how they are called:
 
 * **Two ``torch.library.triton_op`` ops**, ``workbook::attention_forward`` (q, k, v, sinks ->
   o, lse) and ``workbook::attention_backward`` (-> dq, dk, dv, dsinks), each launching the
