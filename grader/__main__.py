@@ -210,10 +210,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _add_bench(sub) -> None:
-    """``bench STAGES``, ``bench report FILE`` and ``bench train``: timing runs on a GPU."""
+    """``bench STAGES``, ``bench report FILE``, ``bench train`` and ``bench host``: timing runs on a GPU."""
     bench = sub.add_parser("bench", help="time kernels against PyTorch SDPA and FlexAttention (GPU)",
                            describe=_doc("grader.bench.measure"))
-    kinds = bench.add_subparsers(title="what to time", metavar="{STAGES,report,train}", required=True)
+    kinds = bench.add_subparsers(title="what to time", metavar="{STAGES,report,train,host}", required=True)
     # `bench stage5` is `bench time stage5`: see _canonical.
     p = kinds.add_parser("time", help="STAGES: stage5, stage5,stage7 or all (the default command)",
                          describe=_doc("grader.bench.measure"))
@@ -248,6 +248,10 @@ def _add_bench(sub) -> None:
     p.add_argument("--json", metavar="PATH", help="write (merge) the rows into this JSON file")
     p.set_defaults(command="bench train")
 
+    p = kinds.add_parser("host", help="host time per call of solutions/attention_op's attention (and SDPA's)",
+                         describe=_doc("grader.bench.host"))
+    p.set_defaults(command="bench host")
+
 
 def _canonical(argv: list[str]) -> list[str]:
     """The two shorthands argparse cannot name as subcommands.  Stages as the command: ``stage5,stage6``
@@ -255,7 +259,7 @@ def _canonical(argv: list[str]) -> list[str]:
     one is unknown; and the stages after bench: ``bench stage5`` is ``bench time stage5``."""
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         return ["grade", *argv]
-    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] not in ("report", "train", "time", "-h", "--help"):
+    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] not in ("report", "train", "host", "time", "-h", "--help"):
         return ["bench", "time", *argv[1:]]
     return argv
 
@@ -384,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         from grader.bench import train
         return train.main(sizes=args.sizes, providers=args.providers, steps=args.steps, warmup=args.warmup,
                           json_path=args.json)
+    if command == "bench host":
+        from grader.bench import host
+        return host.main()
     if command == "sweep":
         from grader.testing import sweep
         return sweep.main(args.stages, seeds=args.seeds, first_seed=args.first_seed, exact_seeds=args.exact_seeds,

@@ -9,7 +9,9 @@ module.  Which copy is loaded is chosen by ``source``, else by the environment v
     <a folder>   any folder shaped like stages/ (a submission to grade)
 
 Modules are loaded from their file path under a name of their own, so a learner's stage 3
-and the solution's stage 3 can both be loaded in one process without clashing.  A solution file
+and the solution's stage 3 can both be loaded in one process without clashing.  A package of
+the instructors' (``solutions/attention_op/``) is imported by ``load_package`` instead, once per
+process, under the dotted name of its folder.  A solution file
 that includes code of an earlier stage (kernels/includes.py) runs expanded: the code it runs,
 tracebacks and Triton's view of its kernels all come from the expanded text.
 """
@@ -83,6 +85,33 @@ def load_file(path: str | os.PathLike) -> ModuleType:
             _exec_expanded(module, path, expanded)
     except BaseException:
         del sys.modules[mod_name]
+        raise
+    runtime.quicken_interpreter()
+    return module
+
+
+def load_package(path: str | os.PathLike) -> ModuleType:
+    """Import a package folder of the workbook (``solutions/attention_op/``) as the module its place
+    under the workbook names (``solutions.attention_op``), from any working directory.
+
+    A package is imported once per process, as Python imports any package: ``import
+    solutions.attention_op`` (with the workbook's folder on ``sys.path``) then gets the same module.
+    What a package registers when it is imported (torch.library ops, whose names PyTorch takes once
+    per process) is registered once, whichever way it was reached first."""
+    from kernels import runtime  # (decides TRITON_INTERPRET before the package imports triton)
+
+    path = Path(path).resolve()
+    name = ".".join(path.relative_to(ROOT).parts)
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path / "__init__.py", submodule_search_locations=[str(path)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[loaded]
         raise
     runtime.quicken_interpreter()
     return module

@@ -86,6 +86,25 @@ def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, 
     ``compute_dtype`` exists for the tolerance rule: the same computation in the input's
     dtype measures how much error plain PyTorch makes at that precision.  ``"tf32"`` computes
     in float32 with every matmul operand cut to TF32, as a GPU's float32 ``tl.dot`` does.
+
+    Args:
+        q: (B, Hq, Nq, D) queries, a floating dtype, any strides.
+        k, v: (B, Hkv, Nk, D) keys and values, one shape, q's dtype and device; Hq % Hkv == 0
+            (GQA: Hq // Hkv query heads per key/value head) and Nk >= 1.
+        causal: mask keys after the query's position, the diagonal aligned bottom-right.
+        window: W >= 1, the keys a query sees counting its own (needs ``causal``); None: no window.
+        sink_tokens: S >= 0 leading keys kept visible whatever the window.
+        sinks: (Hq,) float32 (or float64) learned sink logits on q's device, or None.
+        sm_scale: the scores' scale, a positive number; None means ``1 / sqrt(D)``.
+        compute_dtype: the dtype everything is computed in (float64 by default), or ``"tf32"``.
+
+    Returns:
+        ``(o, lse)``: o (B, Hq, Nq, D) and lse (B, Hq, Nq), both in ``compute_dtype`` (float32
+        for ``"tf32"``); lse is in natural log (base e).
+
+    Raises:
+        ValueError, TypeError: an argument that breaks the above (``validate.attention_inputs``),
+        named in the message.
     """
     p, vc, lse, operand = _probabilities(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                          sinks=sinks, sm_scale=sm_scale, compute_dtype=compute_dtype)
@@ -134,6 +153,17 @@ def attention_grads(q, k, v, do, *, sinks=None, compute_dtype=torch.float64, **o
     otherwise; ``sinks`` keeps its dtype (float32), so ``dsinks`` comes back in it, and is None
     without learned sinks.  ``opts`` are ``attention``'s options (causal, window, sink_tokens,
     sm_scale).  Nothing given is modified.
+
+    Args:
+        q, k, v: as for :func:`attention`: (B, Hq, Nq, D) and (B, Hkv, Nk, D).
+        do: (B, Hq, Nq, D), the gradient of the loss with respect to o.
+        sinks: (Hq,) learned sink logits, or None.
+        compute_dtype: float64 (the answer) or the inputs' dtype (the baseline).
+        **opts: ``causal``, ``window``, ``sink_tokens``, ``sm_scale`` as for :func:`attention`.
+
+    Returns:
+        ``(o, dq, dk, dv, dsinks)``: o (B, Hq, Nq, D) in ``compute_dtype``; dq, dk, dv shaped like
+        q, k, v in the leaves' dtype; dsinks (Hq,) in ``sinks``'s dtype, or None without sinks.
     """
     leaf_dtype = torch.float64 if compute_dtype == torch.float64 else q.dtype
     q, k, v = (t.detach().to(leaf_dtype).requires_grad_(True) for t in (q, k, v))
@@ -148,7 +178,18 @@ def gradient_floors(q, k, v, do, grads, *, sinks=None, **opts) -> dict:
     for dq, dk and dv a few roundings of the largest of them (``tolerance.gradient_floor``) plus what
     the backward's own arithmetic rounds (``tolerance.backward_floors``, the output stored in q's dtype
     included); with learned sinks, dsinks's (``tolerance.sink_gradient_floor``, from this call's lse
-    and delta).  The grader, the notebooks, the benchmark and the tests judge gradients with these."""
+    and delta).  The grader, the notebooks, the benchmark and the tests judge gradients with these.
+
+    Args:
+        q, k, v, do: the inputs ``grads`` came from, as for :func:`attention_grads`.
+        grads: ``attention_grads(q, k, v, do, sinks=sinks, **opts)`` in float64.
+        sinks: (Hq,) learned sink logits, or None.
+        **opts: ``causal``, ``window``, ``sink_tokens``, ``sm_scale`` as for :func:`attention`.
+
+    Returns:
+        ``{"dq": float, "dk": float, "dv": float}``, and ``"dsinks"`` with learned sinks: the floor
+        each gradient's allowed absolute error gets (``tolerance.allowed``'s ``floor``).
+    """
     p, vc, lse, _ = _probabilities(q, k, v, sinks=sinks, compute_dtype=torch.float64, causal=opts.get("causal", False),
                                    window=opts.get("window"), sink_tokens=opts.get("sink_tokens", 0),
                                    sm_scale=opts.get("sm_scale"))
@@ -169,7 +210,15 @@ def gradient_floors(q, k, v, do, grads, *, sinks=None, **opts) -> dict:
 
 
 def softmax(x: torch.Tensor, *, compute_dtype=torch.float64) -> torch.Tensor:
-    """Row softmax over the last dimension; a row that is all ``-inf`` gives zeros, not NaN."""
+    """Row softmax over the last dimension; a row that is all ``-inf`` gives zeros, not NaN.
+
+    Args:
+        x: any shape, a floating dtype; the softmax runs over ``x``'s last dimension.
+        compute_dtype: the dtype it is computed in (float64 by default).
+
+    Returns:
+        A tensor of ``x``'s shape in ``compute_dtype`` whose rows sum to 1 (or are all zeros).
+    """
     x = x.to(compute_dtype)
     m = x.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)

@@ -90,7 +90,7 @@ def quicken_interpreter() -> bool:
     ``tl.dot``, ...) for a NumPy version, and puts the originals back when the launch ends.  It
     also redoes that swap, a walk over every member of several modules, each time the kernel
     calls one of its ``@triton.jit`` helpers, although the launch has already done it: with the
-    helpers of stages 5-9 that walk took a quarter of the CPU time of grading a stage.  This
+    many helpers of stages 5-9 that walk is a large share of the CPU time of grading a stage.  This
     skips it when the modules a helper sees are already swapped (their ``load`` is no longer
     the builtin), and leaves everything else to Triton.  Returns whether the hook is in place
     (False on a GPU, before Triton is imported, or with a Triton whose interpreter is laid out

@@ -13,25 +13,21 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
   shared memory by the copy engine with zeros past the end.
 * **The row statistics through descriptors too.**  The dK/dV kernel also needs each query
   block's lse and delta, a few floats per row.  Read with ``tl.load`` they are the one load in
-  its loop that Triton's pipeline does not run ahead, so every visit waited for them; as
-  (batch x head, Nq) descriptors they arrive with the tiles.  On an H100 (GQA 32/8, D64,
-  N8192, window 1024) that took the dK/dV kernel from 1.50 to 1.29 ms at its 32 x 64 tile.
-  A TMA row must start on 16 bytes, so when Nq is not a multiple of 4 the two are first copied
-  into rows padded to one (see ``_stat_rows``).
+  its loop that Triton's pipeline does not run ahead, so every visit would wait for them; as
+  (batch x head, Nq) descriptors they arrive with the tiles.  A TMA row must start on 16
+  bytes, so when Nq is not a multiple of 4 the two are first copied into rows padded to one
+  (see ``_stat_rows``).
 * **Still three kernels.**  Folding the preprocess into the dQ kernel (which holds dO anyway:
   load O beside it, compute delta there and run dK/dV second) saves a pass over O and dO, but
-  on an H100 it lost under windows: GQA 32/8, D64, N8192, in one bench run, 128 TFLOP/s at
-  window 128 against the pointer-grid solution's 133, and 262 against 265 at window 1024 with
-  learned sinks.  So stage 9's preprocess runs first, as there.
+  it is slower under sliding windows, where each program visits few blocks.  So stage 9's
+  preprocess runs first, as there.
 * **One flat loop over a GQA group in dK/dV.**  Stage 9 loops over the group's query heads and,
   inside, over query blocks; here one loop walks every (head, query block) pair, so a pipelined
-  loop's set-up (its first loads, before any overlap) is paid once rather than once per head:
-  on an H100 at window 128 the dK/dV kernel took 0.33 ms this way and 0.38 ms with a loop per
-  head (docs/stage9-notes.md).
+  loop's set-up (its first loads, before any overlap) is paid once rather than once per head
+  (docs/stage9-notes.md).
 * **A GQA group packed into one dQ tile.**  Stage 9's dQ program takes one query head; here it
   takes ``PACK`` heads of a group (2, 4 or 8) at the same positions.  They read the same keys and
-  the mask depends on the position alone, so fewer of the tile's key blocks need a mask (window
-  1024: 0.85 ms unpacked, 0.78 ms packed).
+  the mask depends on the position alone, so fewer of the tile's key blocks need a mask.
 * **Tiles for these loops.**  Without per-element address arithmetic, larger dQ tiles pay at
   D64 (see DQ_TILES).
 * **Fewer choices.**  Head dims must be powers of two from 16 to 256 and the tensors are made
@@ -71,9 +67,9 @@ LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
 HEAD_DIMS = (16, 256)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim, as in stage 9; the first entry is used
-# untimed on short sequences.  D64 measured on an H100 with these loops (GQA 32/8, N8192):
-# dQ at window 1024 128 x 64 0.73 ms against 128 x 32 0.87 ms; dK/dV at window 1024, with lse and
-# delta through descriptors, 64 x 64 with 3 or 4 stages 1.20-1.22 ms against 32 x 64's 1.29 ms.
+# untimed on short sequences.  At D64 under a window, with these loops, 128 x 64 beats 128 x 32
+# for dQ, and 64 x 64 with 3 or 4 stages beats 32 x 64 for dK/dV once lse and delta come through
+# descriptors: the autotuner has both to choose from.
 DKDV_TILES = {
     64: [(32, 64, 4, 3), (64, 64, 4, 2), (32, 64, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (32, 128, 4, 3),
          (32, 128, 4, 4)],

@@ -18,11 +18,11 @@ lesson pull apart:
   on the position alone.  So one program takes the whole group (2, 4 or 8 heads) at a quarter
   (half, eighth) of the positions: a 128-row tile is 4 heads x 32 positions.  Its diagonal band
   and window edge are then 32 keys wide instead of 128, and fewer of its key blocks need a mask
-  (see kernels.tuning.gqa_pack; H100, GQA 32/8, D64, N8192, window 1024: 327 -> 350 TFLOP/s).
+  (see kernels.tuning.gqa_pack).
 * **A window's masked blocks in one loop.**  Every loop gets its own pipeline of K/V loads,
   filled at the start and drained at the end, and a window's tile has few blocks (17 at window
-  1024), so the leading edge and the diagonal band share one loop before the whole blocks
-  (H100, GQA 32/8, D64, N8192, window 1024, 128 x 64 tiles: 0.722 -> 0.702 ms).
+  1024), so the leading edge and the diagonal band share one loop before the whole blocks, and
+  the pipeline is filled and drained twice rather than three times.
 * **The scale folded into the exponent.**  ``exp2(s * qk_scale - m)`` is one fused multiply-add
   per score instead of a multiply then a subtract.
 * **Causal programs longest first.**  The last query blocks see the most keys; starting them
@@ -32,7 +32,8 @@ lesson pull apart:
   any strides.
 
 ``python -m grader bench stage5`` (and stages 6-9, forward cases) times this file as
-``solution-tma`` beside the stage's solution; README's speed table has the H100 numbers.
+``solution-tma`` beside the stage's solution; docs/performance.md has the numbers, and
+docs/hopper-notes.md what each of these choices gains.
 Triton's CPU interpreter runs it too, so its tests need no GPU.
 
 The backward through TMA descriptors is ``solutions/fast_backward_tma.py``.
@@ -129,8 +130,8 @@ def _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, full_lo, full
 
     Each loop fills and drains its own pipeline of K/V loads, and a window's tile visits few
     blocks (17 at window 1024), so two loops instead of three pay: the edges here, then the
-    whole blocks.  (One loop with the mask under ``if`` in it gave wrong results under Triton
-    3.6 on an H100.)
+    whole blocks.  (Not one loop with the mask under ``if`` in it: Triton 3.6 computes that
+    loop wrong on an H100.)
     """
     n_lead = (full_lo - lo) // BLOCK_N
     for j in range(0, n_lead + tl.cdiv(hi - full_hi, BLOCK_N)):

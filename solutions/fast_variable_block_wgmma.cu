@@ -21,19 +21,9 @@
 // A head dim that is not a multiple of 64 leaves the last panel part empty: the TMA fills those
 // columns with zeros, so Q K^T can run over them in steps of 16 while P V stops at HEAD_DIM.
 //
-// Measured on an H100 (bf16, B4 H16 N4096, non-causal; useful TFLOP/s against SDPA's
-// FlashAttention-2 and cuDNN backends in the same run, python -m grader bench stage4):
-// D72 404 / 234 / 347, D96 478 / 340 / 471, D160 502 / 245 / 532; D128 509 / 355 (tile sweep).
-// Steps on the way, D96: wgmma fed by cp.async from all threads with a __syncthreads per key
-// block, 239-307 depending on the tiles (below the mma.sync kernel's 294; Nsight Compute showed
-// the tensor pipe 25% busy, 0.4 eligible warps per scheduler and the L2 66% busy); then the TMA
-// producer warpgroup with mbarriers and setmaxnreg, 402 with 128-key tiles on two consumer
-// warpgroups and 411 with 64-key tiles on three; 471-478 with the tiles the .py now plans
-// (112 keys, three consumer warpgroups).  Tried and left out: FA3's "pingpong" (named
-// barriers that make the consumer warpgroups take turns issuing their multiplies, so one's
-// softmax overlaps the other's products) lost here, one run: D96 428 -> 333, D128 468 -> 450,
-// D160 495 -> 367 (each turn here covers a whole S + P V batch; strict alternation seems to idle
-// the tensor cores more than it hides).
+// docs/stage4-notes.md says why the kernel is built this way (and not with cp.async from every
+// thread, nor with FlashAttention-3's ping-pong between the consumer warpgroups);
+// docs/performance.md has its speed beside SDPA's backends.
 
 #include <cuda.h>                 // CUtensorMap and its enums (the encoder comes from the runtime, no -lcuda)
 #include <cuda_runtime.h>

@@ -28,9 +28,9 @@ way Hopper wants it:
   descriptors read without bank conflicts.  The output goes back through the same layout and
   a TMA store.
 
-Measured on an H100 (``python -m grader bench stage4`` times it as ``solution-wgmma`` beside
-the stage's solution and SDPA; README has the table): 1.4x SDPA's FlashAttention-2 at D96, 1.7x
-at D72 and 2x at D160, and level with cuDNN at D96 (1.02x).
+``python -m grader bench stage4`` times it as ``solution-wgmma`` beside the stage's solution and
+SDPA's backends (docs/performance.md); docs/stage4-notes.md says how its design and tiles were
+chosen.
 """
 
 from __future__ import annotations
@@ -47,13 +47,10 @@ CU_FILE = Path(__file__).with_name("fast_variable_block_wgmma.cu")
 ARCH = "sm_90a"               # wgmma exists on sm_90a only
 
 # (block_n, warpgroups, stages) by head dim, up to the listed one: BLOCK_N keys per tile, 64 query
-# rows per consumer warpgroup, K/V stages in the ring.  Measured on an H100 (bf16, B4 H16 N4096,
-# useful TFLOP/s, non-causal / causal, each group from one run): D48 128x(3 warpgroups) 314 / 239,
-# 112x3 303 / 238; D64 128x3 379 / 316, 112x3 385 / 312, 96x3 369 / 323, 128x2 340 / 302; D72
-# 128x3 390 / 320, 112x3 377 / 321, 96x3 372 / 309, 64x3 348 / 300; D96 112x3 472 / 397 (476 / 398
-# in another run), 96x3 454 / 402, 128x3 447 / 379 (spills), 64x3 431 / 369, 128x2 402 / 368;
-# D128 96x3 509 / 444, 80x3 500 / 436, 128x2 472 / 426; D160 64x3 502 / 429, 80x3 494 / 422,
-# 96x2 467 / 420.  A third stage moved nothing by more than 2%.
+# rows per consumer warpgroup, K/V stages in the ring.  Each entry is the fastest of a sweep on an
+# H100: three consumer warpgroups beat two wherever the registers allow, the keys per tile shrink
+# as the head dim grows (at D96, 128 keys spill), and a third stage in the ring changes nothing
+# that matters (docs/stage4-notes.md).
 TILES = {64: (128, 3, 2), 80: (128, 3, 2), 96: (112, 3, 2), 128: (96, 3, 2), 160: (64, 3, 2), 256: (64, 2, 2)}
 SMEM_LIMIT = 227 * 1024       # an H100's shared memory per thread block
 

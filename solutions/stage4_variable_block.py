@@ -46,10 +46,8 @@ DEFAULT_SMEM = 227 * 1024   # an H100's shared memory per block (A100: 163 KB, R
 # (block_m / num_warps / 16) x (D / 2 + block_n / 2) floats of output and scores.  A warp that
 # owns two 16-row m-tiles (128 rows on 4 warps) reads each K and V fragment from shared memory
 # once for 32 rows instead of 16, which pays from D = 72 on (shared memory is this kernel's
-# bottleneck); at D above 96 its scores must shrink to 32 keys to fit the registers.  Measured
-# on an H200 (bf16, B4 H16 N4096; useful TFLOP/s), 128 x 64 on 8 warps -> the first choice here:
-# D48 243 -> (4 warps: 222, so it keeps 8), D72 256 -> 266, D96 272 -> 290, D128 246 -> 281,
-# D160 249 -> 285.
+# bottleneck); at D above 96 its scores must shrink to 32 keys to fit the registers.  Up to
+# D = 64, one m-tile per warp on 8 warps stays the faster.
 TILES_UP_TO_64 = ((128, 64, 8), (64, 64, 4), (64, 32, 4), (32, 32, 2), (16, 16, 1))
 TILES_UP_TO_96 = ((128, 64, 4), (64, 64, 4), (64, 32, 4), (32, 32, 2), (16, 16, 1))
 TILES_UP_TO_160 = ((128, 32, 4), (64, 32, 4), (32, 32, 2), (16, 16, 1))
@@ -308,9 +306,25 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
                     block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None):
     """FlashAttention forward with the CUDA kernel; returns ``(o, lse)``.
 
-    q: (B, H, Nq, D); k, v: (B, H, Nk, D); D a multiple of 8 from 8 to 256; any Nq, Nk >= 1;
-    any strides.  float16 or bfloat16 on a CUDA GPU.  ``block_m``/``block_n`` (multiples of 16)
-    and ``num_warps`` override the plan's tiles.
+    The kernel is built for the configuration ``plan_tiling`` picks (or the one the overrides
+    make) on its first use.  On the CPU, ``emulate_attention`` runs the same block schedule.
+
+    Args:
+        q: (B, H, Nq, D) queries, any strides (copied when the kernel's 16-byte loads need it);
+            float16 or bfloat16 on a CUDA GPU (sm_80 or newer); D a multiple of 8 from 8 to 256;
+            B x H at most 65535.
+        k, v: (B, H, Nk, D) keys and values, any strides: q's batch, heads, head dim, dtype and
+            device; Nk >= 1.
+        causal: query i sees key j iff j <= i + (Nk - Nq), the diagonal aligned bottom-right; a row
+            that sees no key (Nq > Nk) gets o = 0 and lse = -inf.
+        sm_scale: the scores' scale, a positive number; None means ``1 / sqrt(D)``.
+        block_m: query rows per thread block, a multiple of 16 from 16 to 256; None: the plan's.
+        block_n: keys per loop step, a multiple of 16 from 16 to 256; None: the plan's.
+        num_warps: 1, 2, 4 or 8, splitting block_m into 16-row m-tiles; None: the plan's.
+
+    Returns:
+        ``(o, lse)``: o (B, H, Nq, D) contiguous, in q's dtype; lse (B, H, Nq) float32, the
+        log-sum-exp of each row's scaled scores in natural log (base e).
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, sm_scale=sm_scale, dtypes=(torch.float16, torch.bfloat16))

@@ -83,12 +83,26 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
                     block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
     """FlashAttention forward, optionally causal, with GQA/MQA; returns ``(o, lse)``.
 
-    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 (query head h reads K/V head
-    h // (Hq // Hkv)) and 16 <= D <= 256; any Nq, Nk >= 1; any strides.
-    float16/float32 (and bfloat16 on a GPU).  ``causal=True`` aligns the diagonal bottom-right:
-    query i sees key j iff j <= i + (Nk - Nq); a row that sees no key gets o = 0, lse = -inf.
-    ``block_m``/``block_n`` override the tile shape.  ``return_visits=True`` also returns an
-    int32 tensor (B, Hq, cdiv(Nq, block_m)): how many key blocks each query block's program loaded.
+    Without ``block_m``/``block_n`` the tile comes from kernels/tuning.py (timed by the
+    autotuner on a GPU for long sequences).
+
+    Args:
+        q: (B, Hq, Nq, D) queries, any strides; float16 or float32 (and bfloat16 on a GPU);
+            16 <= D <= 256, any Nq >= 1.
+        k, v: (B, Hkv, Nk, D) keys and values, any strides: q's batch, head dim, dtype and device;
+            Hq % Hkv == 0, query head h reads K/V head h // (Hq // Hkv) (Hkv = 1: MQA); Nk >= 1.
+        causal: query i sees key j iff j <= i + (Nk - Nq), the diagonal aligned bottom-right; a row
+            that sees no key (Nq > Nk) gets o = 0 and lse = -inf.
+        sm_scale: the scores' scale, a positive number; None means ``1 / sqrt(D)``.
+        block_m: query rows per program, a power of two >= 16; None: the planned tile's.
+        block_n: keys per loop step, a power of two >= 16; None: the planned tile's.
+        return_visits: also return how many key blocks each program loaded (the tile is then
+            never autotuned).
+
+    Returns:
+        ``(o, lse)``, or ``(o, lse, visits)`` with ``return_visits``: o (B, Hq, Nq, D) in q's dtype
+        (and q's strides); lse (B, Hq, Nq) float32, the log-sum-exp of each row's scaled scores in
+        natural log (base e); visits (B, Hq, cdiv(Nq, BLOCK_M)) int32, BLOCK_M the tile's rows.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, sm_scale=sm_scale, head_dims=HEAD_DIMS)
     # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)

@@ -556,7 +556,7 @@ def _bwd_dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
 
 
-# The kernels that other code launches itself (solutions/attention_op.py, under torch.compile),
+# The kernels that other code launches itself (solutions/attention_op/, under torch.compile),
 # by public names: the forward's and the backward's three, the same objects as above.
 flash_forward_kernel = _flash_forward_kernel
 bwd_preprocess_kernel = _bwd_preprocess_kernel
@@ -583,7 +583,6 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
                              sm_scale=None, return_visits=False):
     """Gradients ``(dq, dk, dv, dsinks)`` of ``o`` from the forward's ``o`` and ``lse`` and ``do``.
 
-    Shapes as the forward: dq like q, dk and dv like k and v, dsinks like sinks (None without).
     Nothing of size Nq x Nk is ever allocated: extra memory is delta (B, Hq, Nq) float32 and a
     few floats per query block for the sink gradient.
 
@@ -592,6 +591,22 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     ``"dq"`` int32 tensors (B, Hq, query blocks, key blocks), each in its kernel's tile shape
     ``"dkdv_blocks"`` and ``"dq_blocks"`` (BLOCK_M, BLOCK_N).  The tests and the notebook's
     pictures use them to see which blocks are skipped.
+
+    Args:
+        q, k, v: the forward's inputs: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), Hq % Hkv == 0,
+            any strides; float16 or float32 (and bfloat16 on a GPU); 16 <= D <= 256.
+        o, lse: the forward's outputs, o (B, Hq, Nq, D) and lse (B, Hq, Nq) float32 in natural log.
+        do: (B, Hq, Nq, D), the gradient of the loss with respect to o.
+        causal, window, sink_tokens, sm_scale: as for ``flash_attention``: the diagonal aligned
+            bottom-right, W >= 1 most recent keys (needs causal) or None, S >= 0 sink tokens, the
+            scores' scale (None: ``1 / sqrt(D)``).
+        sinks: (Hq,) float32 learned sink logits the forward used, or None.
+        return_visits: also return the dict of visit counts described above (the tiles are then
+            never autotuned).
+
+    Returns:
+        ``(dq, dk, dv, dsinks)``, with the dict last when ``return_visits``: dq like q, dk and dv
+        like k and v (shape, dtype, strides), dsinks (Hq,) in sinks's dtype or None without sinks.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale,
@@ -643,8 +658,21 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
 def attention(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
     """Differentiable FlashAttention: ``o``, with gradients for q, k, v and sinks.
 
-    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); sinks: (Hq,) float32 or None.  Every option of
-    the forward (causal, window, sink_tokens, sinks, sm_scale); see kernels/reference.py.
+    The forward is ``flash_attention``; the backward, ``flash_attention_backward``.  The options
+    are the forward's; kernels/reference.py specifies them.
+
+    Args:
+        q: (B, Hq, Nq, D) queries, any strides; float16 or float32 (and bfloat16 on a GPU);
+            16 <= D <= 256.
+        k, v: (B, Hkv, Nk, D) keys and values: q's batch, head dim, dtype and device; Hq % Hkv == 0,
+            query head h reads K/V head h // (Hq // Hkv); Nk >= 1.
+        causal, window, sink_tokens, sm_scale: as for ``flash_attention``: the diagonal aligned
+            bottom-right, W >= 1 most recent keys (needs causal) or None, S >= 0 sink tokens, the
+            scores' scale (None: ``1 / sqrt(D)``).
+        sinks: (Hq,) float32 learned sink logits on q's device, or None.
+
+    Returns:
+        o (B, Hq, Nq, D) in q's dtype; lse is kept for the backward, not returned.
     """
     return _Attention.apply(q, k, v, causal, window, sink_tokens, sinks, sm_scale, flash_attention_backward)
 
@@ -728,7 +756,14 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 def attention_op(q, k, v, *, causal=False, window=None, sink_tokens=0, sinks=None, sm_scale=None):
     """``attention`` through your operators: the same kernels and gradients, and a model that calls
-    it compiles with ``torch.compile(model, fullgraph=True)``."""
+    it compiles with ``torch.compile(model, fullgraph=True)``.
+
+    Args:
+        q, k, v, causal, window, sink_tokens, sinks, sm_scale: as for ``attention``.
+
+    Returns:
+        o (B, Hq, Nq, D) in q's dtype, differentiable in q, k, v and sinks.
+    """
     o, _ = attention_forward(q, k, v, sinks, causal, window, sink_tokens, sm_scale)
     return o
 

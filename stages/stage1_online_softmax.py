@@ -56,8 +56,19 @@ def online_softmax(x: torch.Tensor, block: int = 128) -> torch.Tensor:
 def flash_attention(q, k, v, *, block_m: int, block_n: int, sm_scale: float | None = None):
     """Attention computed tile by tile with the online softmax; returns ``(o, lse)``.
 
-    q: (B, H, Nq, D); k, v: (B, H, Nk, D).  Any Nq and Nk: the last block of each may be
-    partial.  ``block_m`` query rows and ``block_n`` keys make one tile.
+    Any Nq and Nk: the last block of each may be partial.  ``block_m`` query rows and
+    ``block_n`` keys make one tile.  No mask: every query sees every key.
+
+    Args:
+        q: (B, H, Nq, D) queries, a floating dtype (float16, bfloat16, float32, float64).
+        k, v: (B, H, Nk, D) keys and values: q's batch, heads, head dim, dtype and device; Nk >= 1.
+        block_m: query rows per tile, a positive int.
+        block_n: keys per tile, a positive int.
+        sm_scale: the scores' scale, a positive number; None means ``1 / sqrt(D)``.
+
+    Returns:
+        ``(o, lse)``: o (B, H, Nq, D) in q's dtype; lse (B, H, Nq) float32, the log-sum-exp of each
+        row's scaled scores in natural log (base e).
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, sm_scale=sm_scale)
     if Hq != Hkv:

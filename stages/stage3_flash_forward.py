@@ -99,8 +99,21 @@ def flash_attention(q, k, v, *, sm_scale: float | None = None, block_m: int | No
                     block_n: int | None = None):
     """FlashAttention forward; returns ``(o, lse)``.
 
-    q: (B, H, Nq, D); k, v: (B, H, Nk, D) with 16 <= D <= 256; any Nq, Nk >= 1; any strides.
-    float16/float32 (and bfloat16 on a GPU).  ``block_m``/``block_n`` override the tile shape.
+    No mask: every query sees every key.  Without ``block_m``/``block_n`` the tile comes from
+    kernels/tuning.py (timed by the autotuner on a GPU for long sequences).
+
+    Args:
+        q: (B, H, Nq, D) queries, any strides; float16 or float32 (and bfloat16 on a GPU);
+            16 <= D <= 256, any Nq >= 1.
+        k, v: (B, H, Nk, D) keys and values, any strides: q's batch, heads, head dim, dtype and
+            device; Nk >= 1.
+        sm_scale: the scores' scale, a positive number; None means ``1 / sqrt(D)``.
+        block_m: query rows per program, a power of two >= 16; None: the planned tile's.
+        block_n: keys per loop step, a power of two >= 16; None: the planned tile's.
+
+    Returns:
+        ``(o, lse)``: o (B, H, Nq, D) in q's dtype (and q's strides); lse (B, H, Nq) float32,
+        the log-sum-exp of each row's scaled scores in natural log (base e).
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, sm_scale=sm_scale, head_dims=HEAD_DIMS)
     runtime.check_dtype(q.dtype)

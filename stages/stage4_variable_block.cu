@@ -40,19 +40,10 @@
 // Columns HEAD_DIM .. HEAD_DIM_PAD of sQ and sK are zero (at most 8 of them), so the last
 // 16-wide k-step of Q K^T adds nothing.
 //
-// Measured on an H100 (bf16, B4 H16 N4096, non-causal; useful TFLOP/s, FLOPs of the real head dim):
-//   v1  one m-tile per warp, 128 x 64 on 8 warps, no register cap    D72 210: 186 registers, 1 block per SM
-//   v2  + __launch_bounds__(256, 2) for D <= 96: 128 registers,      D48 242  D72 252  D96 279  D160 254
-//       2 blocks per SM (grader bench; what plan_tiling picked before v4)
-//   v3  two m-tiles per warp, 128 x 64 on 4 warps (num_warps=4)      D72 264  D96 291  D160 284 (128 x 32;
-//       timed without the Python wrapper, same session as v2)
-//   SDPA's FlashAttention-2 backend, same runs                       D48 192  D72 240  D96 348  D160 247
-//   v4  plan_tiling now picks v3's shape from D = 72 on (128 x 32 above D = 96); measured on an
-//       H200 against v2: D72 256 -> 266, D96 272 -> 290, D128 246 -> 281, D160 249 -> 285
-//       (SDPA FA-2 in that run: 236, 336, 340, 239).  D48 stays on v2 (4 warps: 222 against 243).
-// Nsight Compute on v2 at D72: shared-memory (L1) throughput 66% against 42% for the tensor pipe,
-// occupancy 25% (registers and shared memory both allow 2 blocks): ldmatrix traffic, not the mma,
-// is the limit, which is why v3's reuse of each K/V fragment across two m-tiles pays.
+// What limits the kernel is the ldmatrix traffic out of shared memory, not the mma: the
+// shared-memory pipe is busier than the tensor cores.  So a warp that owns two m-tiles, and
+// reads each K and V fragment once for both, pays from D = 72 on, and plan_tiling picks that
+// shape there (stage4_variable_block.py's candidate tiles).
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -95,8 +86,8 @@ struct Config {
     static constexpr int CHUNKS = D / 8;                   // 16-byte chunks in one row of a tile
     static constexpr int SMEM_BYTES = (BM + 2 * STAGES * BN) * ROW * 2;   // float16 / bfloat16: 2 bytes
     // Registers: the queries stay in registers (read once) while they are few; 256-thread blocks
-    // with a small head dim are held to 128 registers a thread so that two blocks share an SM
-    // (measured on an H100, D=72: 262 TFLOP/s instead of 210).
+    // with a small head dim are held to 128 registers a thread so that two blocks share an SM,
+    // one computing while the other waits for its tiles.
 #ifdef Q_IN_REGS_OVERRIDE
     static constexpr bool Q_IN_REGS = Q_IN_REGS_OVERRIDE;
 #else

@@ -148,10 +148,7 @@ def _load_query_tile(q_head, k_head, v_head, stride_qn, stride_qd, stride_kd, st
                      HEAD_DIM_PAD: tl.constexpr):
     """Stage 3's set-up of a program, for the query rows offs_m (from _query_rows) of the heads
     that start at q_head (Q), k_head and v_head (K and V): the Q tile, loaded once (zeros outside
-    the sequence and in the padding columns), and where the head-dim columns of K and V start.
-    The rows come in, not out.  torch.compile, when it reads a kernel to learn which tensors it
-    writes, takes whatever a helper returns as made from all of the helper's arguments: a store
-    through rows returned from here would count as a write to Q, K and V."""
+    the sequence and in the padding columns), and where the head-dim columns of K and V start."""
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q = tl.load(q_head + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)             # (BLOCK_M, HEAD_DIM_PAD)
@@ -251,11 +248,26 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
                     block_m: int | None = None, block_n: int | None = None, return_visits: bool = False):
     """FlashAttention forward, optionally causal; returns ``(o, lse)``.
 
-    q: (B, H, Nq, D); k, v: (B, H, Nk, D) with 16 <= D <= 256; any Nq, Nk >= 1; any strides.
-    float16/float32 (and bfloat16 on a GPU).  ``causal=True`` aligns the diagonal bottom-right:
-    query i sees key j iff j <= i + (Nk - Nq); a row that sees no key gets o = 0, lse = -inf.
-    ``block_m``/``block_n`` override the tile shape.  ``return_visits=True`` also returns an
-    int32 tensor (B, H, cdiv(Nq, block_m)): how many key blocks each query block's program loaded.
+    Without ``block_m``/``block_n`` the tile comes from kernels/tuning.py (timed by the
+    autotuner on a GPU for long sequences).
+
+    Args:
+        q: (B, H, Nq, D) queries, any strides; float16 or float32 (and bfloat16 on a GPU);
+            16 <= D <= 256, any Nq >= 1.
+        k, v: (B, H, Nk, D) keys and values, any strides: q's batch, heads, head dim, dtype and
+            device; Nk >= 1.
+        causal: query i sees key j iff j <= i + (Nk - Nq), the diagonal aligned bottom-right; a row
+            that sees no key (Nq > Nk) gets o = 0 and lse = -inf.
+        sm_scale: the scores' scale, a positive number; None means ``1 / sqrt(D)``.
+        block_m: query rows per program, a power of two >= 16; None: the planned tile's.
+        block_n: keys per loop step, a power of two >= 16; None: the planned tile's.
+        return_visits: also return how many key blocks each program loaded (the tile is then
+            never autotuned).
+
+    Returns:
+        ``(o, lse)``, or ``(o, lse, visits)`` with ``return_visits``: o (B, H, Nq, D) in q's dtype
+        (and q's strides); lse (B, H, Nq) float32, the log-sum-exp of each row's scaled scores in
+        natural log (base e); visits (B, H, cdiv(Nq, BLOCK_M)) int32, BLOCK_M the tile's rows.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, sm_scale=sm_scale,
                                                       head_dims=HEAD_DIMS)

@@ -1,4 +1,4 @@
-"""The finished attention as a PyTorch op (solutions/attention_op.py).
+"""The finished attention as a PyTorch op (solutions/attention_op/).
 
 On the CPU: every validation error, the fake implementations (output metadata, no kernel run),
 opcheck's schema, autograd and fake-tensor tests, and the interpreter's numbers against the
@@ -11,9 +11,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kernels import reference, runtime, tolerance
-from kernels.loader import ROOT, load_file
+from kernels.loader import ROOT, load_package
 
-PATH = ROOT / "solutions" / "attention_op.py"
+PATH = ROOT / "solutions" / "attention_op"
 pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")
 DEVICE = runtime.DEVICE
 DTYPE = torch.bfloat16 if runtime.ON_GPU else torch.float32
@@ -22,7 +22,7 @@ gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU: torch.com
 
 @pytest.fixture(scope="module")
 def op():
-    return load_file(PATH)
+    return load_package(PATH)
 
 
 def _qkv(b, hq, hkv, nq, nk, d, layout="bhnd", dtype=DTYPE, seed=0, grad=False):
@@ -272,7 +272,7 @@ def test_kept_kernels_give_tritons_results(op):
     sinks = torch.randn(8, device=DEVICE, requires_grad=True)
     runs = {}
     for direct in (False, True):
-        op.DIRECT_LAUNCH = direct
+        op.launch.DIRECT_LAUNCH = direct
         try:
             for i, ((q, k, v), layout) in enumerate(zip(cases, layouts)):
                 s = sinks[:q.shape[1 if layout == "bhnd" else 2]].detach().requires_grad_(True)
@@ -280,8 +280,8 @@ def test_kept_kernels_give_tritons_results(op):
                     o = op.attention(q, k, v, is_causal=True, window=64, sinks=s, enable_gqa=True, layout=layout)
                     runs[direct, i, call] = (o, *torch.autograd.grad(o, (q, k, v, s), torch.ones_like(o)))
         finally:
-            op.DIRECT_LAUNCH = True
-    assert op._compiled, "the eager path kept no compiled kernel"
+            op.launch.DIRECT_LAUNCH = True
+    assert op.launch._compiled, "the eager path kept no compiled kernel"
     for i in range(len(cases)):
         for call in range(2):
             for name, a, b in zip(("o", "dq", "dk", "dv", "dsinks"), runs[True, i, call], runs[False, i, 0]):
@@ -362,9 +362,9 @@ def test_host_integer_helpers_agree_with_triton(op):
     import triton
     for a in range(1, 300, 7):
         for b in (16, 32, 64, 128):
-            assert op._cdiv(a, b) == triton.cdiv(a, b)
+            assert op.plans._cdiv(a, b) == triton.cdiv(a, b)
     for d in range(1, 257):
-        assert op._pow2(d) == triton.next_power_of_2(d)
+        assert op.plans._pow2(d) == triton.next_power_of_2(d)
 
 
 def test_a_call_with_nothing_to_differentiate_makes_no_autograd_node(op, monkeypatch):
@@ -377,7 +377,7 @@ def test_a_call_with_nothing_to_differentiate_makes_no_autograd_node(op, monkeyp
 
     def entered(*args):
         raise AssertionError("a call with nothing to differentiate went through the autograd.Function")
-    monkeypatch.setattr(op._EagerAttention, "apply", entered)
+    monkeypatch.setattr(op.api._EagerAttention, "apply", entered)
     with torch.no_grad():
         plain = op.attention(q, k, v, **opts)
     detached = op.attention(q.detach(), k.detach(), v.detach(), **{**opts, "sinks": sinks.detach()})
@@ -398,3 +398,11 @@ def test_gradients_without_the_sinks_gradient_are_the_same(op):
     for name, a, b in zip(("dq", "dk", "dv"), frozen, full):
         assert torch.equal(a, b), name
     assert full[3].shape == (4,) and torch.isfinite(full[3]).all()
+
+
+@pytest.mark.skipif(runtime.ON_GPU, reason="checks the message given where no GPU is visible")
+def test_bench_host_without_a_gpu_says_so(capsys):
+    """``python -m grader bench host`` (grader/bench/host.py) times the op's host overhead on a GPU only."""
+    from grader.__main__ import main as cli
+    assert cli(["bench", "host"]) == 2
+    assert "times host overhead on a CUDA GPU" in capsys.readouterr().err

@@ -122,14 +122,16 @@ def test_progress_grades_a_stage_again_when_the_code_it_includes_changes(tmp_pat
 
 
 def test_instructor_files_use_only_the_public_names_of_a_learner_file():
-    """attention_op.py and the TMA variants launch stage 9's kernels through the names stage 9 makes
-    public (a learner's copy keeps them), never through its private ones."""
+    """attention_op (a package: its modules read as one text) and the TMA variants launch stage 9's
+    kernels through the names stage 9 makes public (a learner's copy keeps them), never through its
+    private ones."""
     import re
     stage9 = load_file(ROOT / "solutions" / "stage9_backward.py")
     for kernel in ("flash_forward_kernel", "bwd_preprocess_kernel", "bwd_dkdv_kernel", "bwd_dq_kernel"):
         assert getattr(stage9, kernel) is getattr(stage9, f"_{kernel}")
-    for name in ("attention_op.py", "fast_forward_tma.py", "fast_backward_tma.py"):
-        text = (ROOT / "solutions" / name).read_text()
+    for name in ("attention_op", "fast_forward_tma.py", "fast_backward_tma.py"):
+        path = ROOT / "solutions" / name
+        text = "\n".join(p.read_text() for p in sorted(path.glob("*.py"))) if path.is_dir() else path.read_text()
         modules = re.findall(r"^(\w+) = load_file\([^\n]*\"(stage\d\w*)\.py\"\)", text, re.M)
         assert modules or name == "fast_forward_tma.py", name
         for var, _ in modules:

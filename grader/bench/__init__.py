@@ -9,6 +9,7 @@
     chart.py      the rows as a bar chart
     report.py     ``bench report``: docs/performance.md from the JSON
     train.py      ``bench train``: a gpt-oss-style training step with stage 9's op
+    host.py       ``bench host``: the host time per call of stage 9's op at a small size
 
 What a notebook needs is here: ``bench.run("stage4", source=..., providers=bench.learner_providers("stage4"))``
 (the learner's kernel against PyTorch's, none of the instructors' variants) and ``bench.table(rows)``.

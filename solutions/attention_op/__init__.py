@@ -1,0 +1,78 @@
+"""Stage 9's attention as a real PyTorch op: ``torch.compile``, CUDA graphs, low host overhead.
+
+What this package adds to stage 9
+---------------------------------
+Stage 9's ``attention`` is a plain ``autograd.Function`` around Triton kernels with
+``triton.autotune``.  That works in eager mode and nowhere else: Dynamo cannot trace the
+autotuner (it mutates its config list), Inductor recompiles the kernels with its own view of
+the arguments, and every call re-validates its inputs and re-plans its launch in Python, which
+costs more host time than a small GPU call takes.  This package keeps stage 9's kernels (but
+for one hook, below) and changes how they are called:
+
+* **Two ``torch.library.triton_op`` ops**, ``workbook::attention_forward`` (q, k, v, sinks ->
+  o, lse) and ``workbook::attention_backward`` (-> dq, dk, dv, dsinks), each launching the
+  bare kernels through ``wrap_triton``, so ``torch.compile`` sees the kernels themselves (no
+  graph break).  Each has a fake implementation that allocates the outputs exactly as the op
+  does and launches nothing, so shapes, dtypes and strides are known without a GPU (Triton's
+  CPU interpreter would otherwise try to run the kernels on fake tensors).
+  ``register_autograd`` ties the two together.  The backward has no backward of its own.
+* **Kernels that say what they write.**  Inductor learns which tensors a ``wrap_triton`` kernel
+  writes by following each store's pointer back through the kernel's Triton IR, and it takes a
+  helper's results as made from all of the helper's arguments.  A tensor it takes for written
+  is copied before the kernel and back after it, and CUDA graphs are skipped when that tensor
+  is a graph input ("mutated inputs").  So the query rows the forward stores o and lse through
+  come from stage 5's ``_query_rows``, which takes no tensor, and are passed into
+  ``_load_query_tile`` (which takes Q, K and V), never returned from it; a test
+  (tests/kernel_writes.py) checks the analysis's verdict for every kernel the ops launch.
+* **Stage 9's kernels, one hook.**  Under ``torch.compile`` a Python float argument reaches a
+  user kernel as float64, which would spread into the accumulators and break the compile; stage
+  9's kernels (and the forward kernel it includes from stage 8) cast their scale arguments to
+  float32 first.
+* **A launch plan per shape, made outside tracing.**  The tile (BLOCK_M, BLOCK_N, warps,
+  stages) of each kernel is chosen once per (shape, dtype, options): the table's first entry
+  for short sequences, else stage 9's autotuner run once on random inputs of that shape, with
+  every tracing mode switched off.  The plan is cached, so the compiler only ever meets a bare
+  kernel with fixed meta-parameters, and eager calls skip the planning.
+* **An SDPA-style entry**, :func:`attention`, with SDPA's argument names (``is_causal``,
+  ``scale``, ``enable_gqa``), the workbook's ``window``, ``sink_tokens`` and ``sinks``, and an
+  explicit ``layout``: ``"bhnd"`` (B, H, N, D) as in the workbook and SDPA, or ``"bnhd"``
+  (B, N, H, D) as FlashAttention and most model code keep it.  ``"bnhd"`` is read through
+  strides, never copied, and ``o`` comes back in the layout of ``q``.  Validation is cached per
+  shape in eager mode; under ``torch.compile`` it runs once, while tracing.
+* **Eager calls skip the dispatcher and Triton's binding.**  Plain tensors with no tracer or
+  dispatch mode about go through an ``autograd.Function`` around the same two bodies;
+  everything else goes through the ops.  Each eager call of a shape seen before launches the
+  compiled kernels it kept (``_Launch``), skipping the argument binding Triton redoes on every
+  launch.  What remains of the host time per call is mostly PyTorch's own (autograd's node and
+  backward), as ``python -m grader bench host`` shows beside SDPA at the same size
+  (docs/stage9-notes.md).
+
+A shape cannot tell the two layouts apart when they agree (B, 8, 8, D is either), so the
+layout is a required statement, not a guess; what validation can catch, it does: a tensor
+whose head count, sequence length, batch or head dim contradicts the others in the stated
+layout is a ``ValueError`` that names the argument and the layout.
+
+Where each part lives
+---------------------
+
+    plans.py     the tiles of each kernel, one plan per (shape, dtype, options)
+    launch.py    the forward and backward bodies, the kernels' launches and the compiled kernels kept
+    library.py   the torch.library ops, their fake implementations and their autograd
+    api.py       attention(): validation, then the eager path or the ops
+
+Importing the package registers the ops, once per process (kernels.loader.load_package reaches
+it from any folder; ``from solutions.attention_op import attention`` gets the same module).
+``python -m grader bench host`` times its host overhead on a GPU (grader/bench/host.py).
+
+Usage::
+
+    o = attention(q, k, v, is_causal=True, window=128, sinks=sinks, enable_gqa=True, layout="bnhd")
+    model = torch.compile(model, fullgraph=True)        # no graph break, CUDA graphs work too
+"""
+
+from .plans import launch_plan, s9
+from .library import attention_backward, attention_forward
+from .api import HEAD_DIMS, LAYOUTS, attention
+
+__all__ = ["attention", "attention_forward", "attention_backward", "launch_plan", "LAYOUTS", "HEAD_DIMS",
+           "s9"]       # s9: the stage 9 solution module whose kernels the op launches

@@ -1,0 +1,159 @@
+"""The kernels' launches: the forward and backward bodies that both the ops and the eager path run,
+and the compiled kernels the eager path keeps.
+
+Tensors arrive as (B, H, N, D), or as (B, N, H, D) with ``bnhd``, with any strides; window 0 means
+no window.  ``launch(kernel)`` is ``wrap_triton`` inside the ops, so that torch.compile sees the
+kernel, and in eager mode the kernel itself or :class:`_Launch`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import runtime
+
+from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9
+
+import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+
+
+# =============================================================================================
+# The outputs, allocated the same way by the ops and by their fake implementations, so that
+# shapes, dtypes and strides agree between the two (opcheck compares them).
+# =============================================================================================
+
+def _forward_outputs(q, bnhd: bool = False):
+    o = torch.empty_like(q)                  # q's shape and strides: a (B, N, H, D) view stays one
+    b, hq, nq, _ = _bhnd(q, bnhd)[0]
+    lse = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)          # (B, Hq, Nq)
+    return o, lse
+
+
+def _backward_outputs(q, k, v):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+# =============================================================================================
+# Launching a kernel.
+# =============================================================================================
+
+def _direct(kernel):
+    """Launch a kernel as it is (the ops pass ``wrap_triton`` instead)."""
+    return kernel
+
+
+# Triton binds and specializes every argument of a JIT kernel on every launch, in Python, and at
+# small sizes that host time exceeds the kernel's GPU time.  An eager call whose tensors agree in
+# everything Triton specializes on (shapes, strides, dtypes, 16-byte alignment, the options)
+# launches the very same compiled kernels, so the eager path keeps them per such call key and
+# launches them through their own launcher, launch hooks (a profiler's) included.  Off the GPU
+# (Triton's interpreter) every launch goes through Triton as usual.
+DIRECT_LAUNCH = True
+_compiled: dict[tuple, tuple] = {}
+
+
+def _call_key(*tensors) -> tuple:
+    """What Triton specializes a call's tensor arguments on: shape, strides, dtype, device and
+    16-byte alignment (a tensor's absence too).  Fresh outputs follow from their inputs."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+                 for t in tensors)
+
+
+class _Launch:
+    """``launch(kernel)[grid](*args, **meta)`` as Triton spells it, through the kept compiled
+    kernel when ``key`` has been seen, else through Triton, keeping what it compiled."""
+    __slots__ = ("key", "kernel")
+
+    def __init__(self, key: tuple):
+        self.key = key
+
+    def __call__(self, kernel):
+        self.kernel = kernel
+        return self
+
+    def __getitem__(self, grid):
+        kernel, key = self.kernel, self.key
+
+        def run(*args, **meta):
+            hit = _compiled.get((id(kernel), key))
+            if hit is not None:                         # what Triton's own launch does, once bound
+                compiled, device, tail = hit
+                stream = torch._C._cuda_getCurrentRawStream(device)
+                hooks = triton.knobs.runtime
+                compiled.run(*grid, *(1,) * (3 - len(grid)), stream, compiled.function, compiled.packed_metadata,
+                             compiled.launch_metadata(grid, stream, *args, *tail),
+                             hooks.launch_enter_hook, hooks.launch_exit_hook, *args, *tail)
+                return
+            compiled = kernel[grid](*args, **meta)
+            params = list(kernel.signature.parameters.values())[len(args):]
+            tail = tuple(meta[p.name] if p.name in meta else p.default for p in params)
+            _compiled[(id(kernel), key)] = (compiled, torch.cuda.current_device(), tail)
+        return run
+
+
+def _launcher(key: tuple):
+    """``launch`` for :func:`_forward` and :func:`_backward` in eager mode."""
+    if not DIRECT_LAUNCH or not runtime.ON_GPU or not hasattr(triton, "knobs"):
+        return _direct
+    return _Launch(key)
+
+
+# =============================================================================================
+# The forward and the backward.
+# =============================================================================================
+
+def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale: float, launch=_direct,
+             bnhd: bool = False):
+    """``(o, lse)``: o like q (same strides, so a (B, N, H, D) q gives a (B, N, H, D) o), lse
+    (B, Hq, Nq) float32.  ``launch(kernel)`` is ``wrap_triton`` inside the op, so that
+    torch.compile sees the kernel, and the kernel itself in eager mode.  Tensors are (B, H, N, D),
+    or (B, N, H, D) with ``bnhd``."""
+    (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
+    (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
+    tile = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)["forward"]
+    o, lse = _forward_outputs(q, bnhd)
+    launch(s9.flash_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"]), b * hq)](
+        q, k, v, o, lse, sinks if sinks is not None else lse, lse,          # lse stands in for unused pointers
+        *q_strides, *k_strides, *_bhnd(v, bnhd)[1], *_bhnd(o, bnhd)[1],
+        hq, hq // hkv, nq, nk, d, window, sink_tokens, scale * s9.LOG2E,
+        CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SINKS=sinks is not None, COUNT_VISITS=False,
+        HEAD_DIM_PAD=_pow2(d), **tile)
+    return o, lse
+
+
+def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens: int, scale: float,
+              launch=_direct, bnhd: bool = False, dsinks_wanted: bool = True):
+    """``(dq, dk, dv, dsinks)``, each like its input; dsinks float32 (Hq,), None without sinks or
+    when not ``dsinks_wanted`` (its reduction is a launch of its own, skipped when nobody asks)."""
+    (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
+    (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
+    v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
+    plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
+    pad = _pow2(d)
+    flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=pad, COUNT_VISITS=False)
+
+    # 1. delta = rowsum(dO * O) per query row, and each query block's share of dsinks.
+    pre_m = s9.PREPROCESS_BLOCK_M
+    delta = torch.empty(b, hq, nq, device=q.device, dtype=torch.float32)       # (B, Hq, Nq)
+    dsinks_part = torch.empty(b, hq, _cdiv(nq, pre_m), device=q.device, dtype=torch.float32)
+    launch(s9.bwd_preprocess_kernel)[(_cdiv(nq, pre_m), b * hq)](
+        o, do, lse, delta, sinks if sinks is not None else delta, dsinks_part,
+        *o_strides, *do_strides, hq, nq, d,
+        BLOCK_M=pre_m, HEAD_DIM_PAD=pad, HAS_SINKS=sinks is not None)
+    dsinks = dsinks_part.sum(dim=(0, 2)) if sinks is not None and dsinks_wanted else None
+
+    # 2. dK and dV: one program per (key block, batch x KV head).
+    dq, dk, dv = _backward_outputs(q, k, v)
+    tile = plan["dkdv"]
+    launch(s9.bwd_dkdv_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
+        q, k, v, do, dk, dv, lse, delta, delta,
+        *q_strides, *k_strides, *v_strides, *do_strides, *_bhnd(dk, bnhd)[1], *_bhnd(dv, bnhd)[1],
+        hq, hkv, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
+
+    # 3. dQ: one program per (query block, batch x query head).
+    tile = plan["dq"]
+    launch(s9.bwd_dq_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"]), b * hq)](
+        q, k, v, do, dq, lse, delta, delta,
+        *q_strides, *k_strides, *v_strides, *do_strides, *_bhnd(dq, bnhd)[1],
+        hq, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
+    return dq, dk, dv, dsinks
