@@ -126,7 +126,8 @@ def check_list(stage) -> str:
              f"  {'check':<{width}}  points  runs on     checks"]
     for c in shown:
         needs = "GPU only" if c.gpu else "CPU or GPU"
-        note = " (bad input: counts once the code it calls is written)" if c.validation else ""
+        note = (" (bad input: counts once the code it calls is written)" if c.validation else
+                " (given code passes it: counts once the TODOs it exercises are filled)" if c.given else "")
         lines.append(f"  {c.name:<{width}}  {c.points:>6}  {needs:<10}  {c.doc.rstrip('.')}{note}")
     here = sum(c.points for c in shown + hidden if runtime.ON_GPU or not c.gpu)
     total = sum(c.points for c in shown + hidden)

@@ -406,3 +406,14 @@ def test_an_all_nan_softmax_is_never_written_unless_its_rows_hold_nothing_but_mi
     masked = torch.full((1, 17), float("-inf"))
     got = diagnose.softmax(torch.full_like(masked, float("nan")), masked, allowed=1e-6)
     assert got.cause == "nan_masked_tile", got
+
+
+def test_list_says_which_checks_given_code_alone_passes():
+    from grader import grade_stages, stages
+    stage4 = stages.find("stage4")
+    given = [c for c in stage4.checks() if c.given and not c.hidden]
+    assert given, "stage 4 has checks that given code alone passes"
+    rows = {ln.split()[0]: ln for ln in grade_stages.check_list(stage4).splitlines()[2:] if ln.startswith("  ")}
+    for c in stage4.checks():
+        if not c.hidden:
+            assert ("given code passes it" in rows[c.name]) == c.given, c.name
