@@ -3,7 +3,7 @@
 By role:
 
     grading      check.py, checks/, grade.py, grade_stages.py, progress.py, batch.py, formats.py,
-                 holes.py, locate.py, diagnose.py, notebook.py, sanitize.py, stages.py
+                 holes.py, locate.py, diagnose/, notebook.py, sanitize.py, stages.py
     set-up       doctor.py (what runs on this machine), setup_plan.py (setup.sh's choices)
     isolation    worker.py, wire.py, sandbox.py, guard.py, limits.py, files.py (the worker's modules stay here:
                  the sandbox shows them to the worker by path)

@@ -29,7 +29,7 @@ from grader.worker import LearnerError, WorkerDied
 class CheckFailed(AssertionError):
     """A check's verdict: the learner's code is wrong, and the message says how.
 
-    ``diagnosis`` names the known mistake that explains the numbers (grader/diagnose.py), when one does.
+    ``diagnosis`` names the known mistake that explains the numbers (grader/diagnose/), when one does.
     """
 
     def __init__(self, message: str, diagnosis: str = "", also: tuple[str, ...] = ()):

@@ -3,7 +3,7 @@
 Statuses, as the table shows them:
 
     pass       the check ran and the code is right
-    FAIL       the code gave a wrong answer (its most likely cause first, grader/diagnose.py, then
+    FAIL       the code gave a wrong answer (its most likely cause first, grader/diagnose/, then
                where), or raised an error (at the learner-file line it came from)
     todo       the code the check ran still has a TODO hole as released (grader/holes.py), wherever
                it is, or raised NotImplementedError: that part is not written yet
@@ -57,7 +57,7 @@ class CheckResult:
     message: str = ""
     seconds: float = 0.0
     hidden: bool = False
-    diagnosis: str = ""         # the known mistake that explains a FAIL (grader/diagnose.py), if one does
+    diagnosis: str = ""         # the known mistake that explains a FAIL (grader/diagnose/), if one does
     also: list[str] = field(default_factory=list)   # causes these inputs cannot tell from it
     calls: list[str] = field(default_factory=list)   # learner functions the check called
 

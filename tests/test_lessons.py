@@ -150,13 +150,15 @@ def _scaled_wrong(scale):
 
 def test_wrong_scale_reads_well_and_gives_exp2_advice_only_where_there_is_exp2():
     from grader import diagnose
+    wrong_scale = diagnose.cause("wrong_scale")
     o, lse, q, k, v, allowed = _scaled_wrong(1.0)
     without = diagnose.attention(o, lse, q, k, v, {}, allowed=allowed, exp2=False)
     assert without.cause == "wrong_scale", without
-    assert "1 = 1" not in without.message and "no scale at all" in without.message, without.message
+    said = wrong_scale.read(without.message, form="")             # the message without advice about exp2
+    assert said and said["used"] == "no scale at all: scores are q.k, unscaled", without.message
     assert "exp2" not in without.message and "log2(e)" not in without.message, without.message
     with_exp2 = diagnose.attention(o, lse, q, k, v, {}, allowed=allowed, exp2=True)
-    assert with_exp2.cause == "wrong_scale" and "exp2" in with_exp2.message
+    assert with_exp2.cause == "wrong_scale" and wrong_scale.read(with_exp2.message, form="exp2"), with_exp2.message
     assert not diagnose.uses_exp2("stage1_online_softmax") and not diagnose.uses_exp2("stage2_first_triton")
     assert diagnose.uses_exp2("stage3_flash_forward") and diagnose.uses_exp2("stage9_backward")
 
@@ -187,8 +189,7 @@ def test_every_diagnosis_label_is_a_hole_of_its_stage():
     import re
     from grader import diagnose
     for stage in stages.STAGES:
-        table = diagnose._TODO_OF.get(stage.number, {})
-        labels = {lab for entry in table.values() for lab in (entry.values() if isinstance(entry, dict) else [entry])}
+        labels = {lab for cause in diagnose.CAUSES.values() for lab in cause.labels(stage.number)}
         named = {m for lab in labels for m in re.findall(r"TODO\(\w+\)", lab)}
         assert named <= _hole_labels(stage), (stage.name, named - _hole_labels(stage))
 
@@ -207,13 +208,13 @@ def test_a_wrong_solution_is_diagnosed_in_the_hole_it_changed(stage):
         edited = {_hole_around(text, old) for old, _ in mutant.edits}
         if None in edited:
             continue                       # it changes given code: no hole of the learner's to name
-        entry = diagnose._TODO_OF.get(stage.number, {}).get(mutant.diagnosis, "")
-        named = set(entry.values()) if isinstance(entry, dict) else {entry}
+        named = diagnose.cause(mutant.diagnosis).labels(stage.number)
         assert all(any(label in n for n in named) for label in edited), (mutant.name, mutant.diagnosis, edited, named)
 
 
 @needs_solutions
 def test_the_grader_names_the_hole_of_the_likely_cause(tmp_path):
+    from grader import diagnose
     from grader.grade import grade_stage
     from grader.testing import mutants
     import importlib
@@ -223,7 +224,8 @@ def test_the_grader_names_the_hole_of_the_likely_cause(tmp_path):
     folder = mutants.build(stage, mutant, tmp_path / "sub")
     (r,) = grade_stage(stage, str(folder), only=["attention_matches_reference"], jobs=1).results
     assert r.status == "FAIL" and r.diagnosis == "acc_not_rescaled", r
-    assert r.message.startswith("likely cause, TODO(1c): acc is not rescaled"), r.message
+    assert r.message.startswith("likely cause, TODO(1c): ") and diagnose.named(r.message) == "acc_not_rescaled", \
+        r.message
 
 
 # -- notebooks time the learner's kernel, never the instructors' ------------------------------------

@@ -3,32 +3,20 @@ the inputs of a case."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
+from kernels import masks
 
+
+@functools.lru_cache(maxsize=None)
 def visible_pairs(n_q: int, n_k: int, *, causal: bool = False, window: int | None = None,
                   sink_tokens: int = 0) -> int:
-    """Visible (query, key) pairs of one (batch, head), with the workbook's masks.
-
-    Query ``i`` sits at key position ``i' = i + (Nk - Nq)`` (causal masks are aligned
-    bottom-right).  Row by row, vectorised over the rows:
-
-        causal          keys 0 .. i'                            i' + 1 of them (none if i' < 0)
-        window W        keys max(0, i' - W + 1) .. i'
-        sink tokens S   plus keys 0 .. S - 1 that are below the window and not in the future
-    """
-    if not causal:
-        return n_q * n_k
-    pos = torch.arange(n_q, dtype=torch.int64) + (n_k - n_q)       # i' for every query row
-    end = (pos + 1).clamp(0, n_k)                                   # keys [0, end) are not in the future
-    if window is None:
-        return int(end.sum())
-    start = (pos - window + 1).clamp(0, n_k)                        # the window is keys [start, end)
-    in_window = (end - start).clamp(min=0)
-    below_window = torch.minimum(end, start).clamp(max=sink_tokens)  # sink tokens in [0, start), visible
-    return int((in_window + below_window).sum())
+    """Visible (query, key) pairs of one (batch, head), with the workbook's masks (kernels/masks.py)."""
+    return masks.count(masks.attention_mask(n_q, n_k, causal=causal, window=window, sink_tokens=sink_tokens),
+                       n_q, n_k)
 
 
 @dataclass(frozen=True)

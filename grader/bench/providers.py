@@ -3,12 +3,14 @@ backends, FlexAttention, the instructors' fast variants)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Callable
 
 import torch
 
 from grader.bench.cases import PROVIDER_NAMES, Case, Inputs
+from kernels import masks
 
 
 class NotApplicable(Exception):
@@ -179,7 +181,8 @@ def _flex_with_sinks(q, k, v, sinks, block_mask, gqa: bool):
 
 
 class FlexMasks:
-    """One mask_mod per mask kind (causal, window, window with sink tokens), made once per device.
+    """One mask_mod per mask kind (causal, window, window with sink tokens), made once per device
+    from kernels/masks.py's rules.
 
     Each reads the causal offset, the window and the sink-token count from 0-d int tensors that
     :meth:`mask_mod` fills for the case at hand.  A mask_mod that closed over Python ints would be
@@ -190,22 +193,14 @@ class FlexMasks:
     def __init__(self, device):
         offset, window, sink_tokens = (torch.zeros((), dtype=torch.int32, device=device) for _ in range(3))
         self.params = (offset, window, sink_tokens)
-
-        def causal(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx + offset
-
-        def windowed(b, h, q_idx, kv_idx):
-            return (kv_idx <= q_idx + offset) & (kv_idx > q_idx + offset - window)
-
-        def windowed_sink_tokens(b, h, q_idx, kv_idx):
-            return (kv_idx <= q_idx + offset) & ((kv_idx > q_idx + offset - window) | (kv_idx < sink_tokens))
-
-        self.kinds = {"causal": causal, "window": windowed, "window+sink tokens": windowed_sink_tokens}
+        mask = functools.partial(masks.attention_mask, causal=True, offset=offset)
+        self.kinds = {"causal": mask(), "window": mask(window=window),
+                      "window+sink tokens": mask(window=window, sink_tokens=sink_tokens)}
 
     def mask_mod(self, case: Case):
         """The mask_mod of ``case``'s kind, its tensors set to ``case``'s numbers (needs causal)."""
         offset, window, sink_tokens = self.params
-        offset.fill_(case.n_k - case.n_q)
+        offset.fill_(masks.diagonal(case.n_q, case.n_k))
         window.fill_(case.window or 0)
         sink_tokens.fill_(case.sink_tokens)
         return self.kinds["causal" if case.window is None else

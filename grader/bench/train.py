@@ -173,18 +173,14 @@ def _flex_attend(size: Size, device):
     from torch.nn.attention.flex_attention import create_block_mask
     from grader.bench.providers import _flex_with_sinks
 
-    def causal(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx
+    from kernels import masks
 
-    def windowed(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (kv_idx > q_idx - size.window)
-
-    masks = {None: create_block_mask(causal, None, None, size.seq, size.seq, device=device),
-             size.window: create_block_mask(windowed, None, None, size.seq, size.seq, device=device)}
+    block_masks = {w: create_block_mask(masks.attention_mask(size.seq, size.seq, causal=True, window=w), None, None,
+                                        size.seq, size.seq, device=device) for w in (None, size.window)}
 
     def attend(q, k, v, layer):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))                     # (B, H, N, D)
-        return _flex_with_sinks(q, k, v, layer.sinks, masks[layer.window], True).transpose(1, 2)
+        return _flex_with_sinks(q, k, v, layer.sinks, block_masks[layer.window], True).transpose(1, 2)
     return attend
 
 

@@ -8,7 +8,7 @@ A test that cannot fail is worthless.  Each stage lists its mutants in ``tests/w
                caught_by=["attention_matches_reference"], diagnosis="acc_not_rescaled"),
     ]
 
-``diagnosis`` is the cause (grader/diagnose.py) the failing checks must name first; a mutant
+``diagnosis`` is the cause (a name of ``grader.diagnose.CAUSES``) the failing checks must name first; a mutant
 caught by a check whose own message is specific (a plan, a count of visited blocks) leaves it "".
 Each edit replaces text that must occur exactly once in the solution, so a mutant breaks
 loudly (instead of silently testing nothing) when the solution changes under it.
@@ -30,7 +30,12 @@ class Mutant:
     edits: list[tuple[str, str]]
     caught_by: list[str] = field(default_factory=list)   # checks that reject it (on a GPU: at least one)
     file: str = ".py"                                    # which of the stage's files to edit
-    diagnosis: str = ""    # the cause grader/diagnose.py must name for it; "" where a check's own message does
+    diagnosis: str = ""    # the cause grader.diagnose must name for it; "" where a check's own message does
+
+    def __post_init__(self):
+        from grader import diagnose
+        if self.diagnosis and self.diagnosis not in diagnose.CAUSES:
+            raise ValueError(f"mutant {self.name!r}: grader.diagnose knows no cause {self.diagnosis!r}")
 
 
 def build(stage, mutant: Mutant, dest: Path) -> Path:
