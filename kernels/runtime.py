@@ -95,7 +95,7 @@ def quicken_interpreter() -> bool:
     the builtin), and leaves everything else to Triton.  Returns whether the hook is in place
     (False on a GPU, before Triton is imported, or with a Triton whose interpreter is laid out
     differently: it then runs as it is).  kernels/loader.py calls it once a stage file has imported
-    Triton; it is never what imports Triton (tests/compile_targets.py turns the interpreter off
+    Triton; it is never what imports Triton (tests/tools/compile_targets.py turns the interpreter off
     after importing this module).
     """
     if not INTERPRET or "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") != "1":

@@ -307,11 +307,11 @@ def test_inductor_takes_each_kernel_to_write_only_its_outputs():
     copies back) every tensor it takes for written.  The forward was once taken to write q, k and v
     (the query rows it stores through came out of the helper that loads Q and takes K and V), which
     cost three copies each way per call and kept CUDA graphs off when q, k, v were graph inputs.
-    The analysis runs on the CPU, in a process of its own (tests/kernel_writes.py)."""
+    The analysis runs on the CPU, in a process of its own (tests/tools/kernel_writes.py)."""
     import json
     import subprocess
     import sys
-    script = ROOT / "tests" / "kernel_writes.py"
+    script = ROOT / "tests" / "tools" / "kernel_writes.py"
     done = subprocess.run([sys.executable, str(script), str(PATH.parent)], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,6 +1,6 @@
 """Every kernel fits every GPU the workbook supports, proven without those GPUs.
 
-* Triton: tests/compile_targets.py compiles the kernels of stages 2, 3 and 5-9 for sm_75 (T4),
+* Triton: tests/tools/compile_targets.py compiles the kernels of stages 2, 3 and 5-9 for sm_75 (T4),
   sm_80 (A100), sm_86 and sm_89 (RTX 30/40, L4), sm_90 (H100) and sm_120 (RTX 50), one tile table
   per amount of shared memory, and each configuration must fit its target's shared memory.
 * CUDA: nvcc builds stage 4's .cu for every architecture of cuda_build.ARCHS; sm_75 cannot build
@@ -15,7 +15,7 @@ target per table (sm_75, sm_80, sm_86, sm_90) the whole float16 tables of stage 
 the first entries of the other stages' forwards (on sm_75 at D=128 only).  sm_89 and sm_120 use
 sm_86's table and shared memory.
 
-tests/targets_smem.json keeps each compile's shared memory, keyed by everything that decides it
+tests/data/targets_smem.json keeps each compile's shared memory, keyed by everything that decides it
 (Triton version, target, kernel source, signature, constants, options).  Every run compiles a core
 (``always`` in compile_targets.py: stage 9's kernels at D=128 on every target, and every stage's
 at D=128 on sm_80, sm_86 and sm_90) and whatever the file has no entry for, such as any kernel
@@ -44,8 +44,8 @@ import torch
 from kernels import cuda_build, runtime, tuning
 from kernels.loader import ROOT, load_stage
 
-HARNESS = ROOT / "tests" / "compile_targets.py"
-CACHE = ROOT / "tests" / "targets_smem.json"
+HARNESS = ROOT / "tests" / "tools" / "compile_targets.py"
+CACHE = ROOT / "tests" / "data" / "targets_smem.json"
 CU = ROOT / "solutions" / "stage4_variable_block.cu"
 CONFIG = {"HEAD_DIM": 72, "BLOCK_M": 64, "BLOCK_N": 32, "NUM_WARPS": 2}
 

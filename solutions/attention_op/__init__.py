@@ -23,7 +23,7 @@ for one hook, below) and changes how they are called:
   is a graph input ("mutated inputs").  So the query rows the forward stores o and lse through
   come from stage 5's ``_query_rows``, which takes no tensor, and are passed into
   ``_load_query_tile`` (which takes Q, K and V), never returned from it; a test
-  (tests/kernel_writes.py) checks the analysis's verdict for every kernel the ops launch.
+  (tests/tools/kernel_writes.py) checks the analysis's verdict for every kernel the ops launch.
 * **Stage 9's kernels, one hook.**  Under ``torch.compile`` a Python float argument reaches a
   user kernel as float64, which would spread into the accumulators and break the compile; stage
   9's kernels (and the forward kernel it includes from stage 8) cast their scale arguments to

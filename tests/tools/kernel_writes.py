@@ -1,6 +1,6 @@
 """What Inductor takes each of the op's kernels to write: prints ``{kernel: [written arguments]}`` as JSON.
 
-    python tests/kernel_writes.py [SOLUTIONS_DIR]
+    python tests/tools/kernel_writes.py [SOLUTIONS_DIR]
 
 ``torch.compile`` learns which tensors a kernel launched through ``wrap_triton`` writes by reading
 the kernel's Triton IR (``torch._higher_order_ops.triton_kernel_wrap``).  A tensor it wrongly takes
@@ -8,7 +8,7 @@ for written is cloned before the kernel and copied back after it, and CUDA graph
 that tensor is a graph input.  This asks the same analysis about solutions/attention_op's four
 kernels, on the CPU: Triton builds the IR for a named GPU with a stand-in driver.  It must run in a
 process of its own: kernels.runtime turns on Triton's interpreter without a GPU, and here the
-kernels must stay real ``@triton.jit`` functions, as tests/compile_targets.py arranges.
+kernels must stay real ``@triton.jit`` functions, as tests/tools/compile_targets.py arranges.
 """
 
 from __future__ import annotations

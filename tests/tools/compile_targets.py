@@ -1,6 +1,6 @@
 """Compile the Triton kernels of every stage for a list of GPUs, with no GPU present.
 
-    python tests/compile_targets.py --out results.json [--targets sm_75,sm_90] [--cache FILE] [--jobs N] [--sample]
+    python tests/tools/compile_targets.py --out results.json [--targets sm_75,sm_90] [--cache FILE] [--jobs N] [--sample]
 
 Triton compiles for a target named explicitly (``GPUTarget("cuda", 75, 32)``) without a driver.
 This script runs each stage's wrapper on small CPU tensors with a stand-in driver and a cache hook
@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kernels import runtime  # noqa: E402  (sets TRITON_INTERPRET without a GPU: undone just below)
