@@ -92,7 +92,7 @@ def _positive_int(text: str) -> int:
 
 
 def _add_grading_options(p, *, limits: bool = True) -> None:
-    from grader.limits import add_limit_options
+    from grader.isolation.limits import add_limit_options
     from grader.sandbox import add_isolation_option
     add_isolation_option(p)
     if limits:
@@ -405,7 +405,7 @@ def _limits(args) -> dict:
     """The limit options given (``Limits.from_env`` overrides), for the commands that take them."""
     if not hasattr(args, "check_timeout"):
         return {}
-    from grader.limits import limit_overrides
+    from grader.isolation.limits import limit_overrides
     return limit_overrides(args)
 
 

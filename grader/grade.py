@@ -37,9 +37,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import COMMAND, files, holes, locate, sandbox, stages
+from grader import COMMAND, holes, locate, sandbox, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
-from grader.limits import Limits
+from grader.isolation import files
+from grader.isolation.limits import Limits
 from grader.publishing import release
 from grader.stages import Stage
 from grader.worker import ImportFailed, LearnerError, Misbehaved, Runner, WorkerDied

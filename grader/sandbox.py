@@ -58,7 +58,8 @@ MECHANISMS = ("bubblewrap", "user", "none")
 UID_BASE = 1_990_000_000          # dedicated uids: far above any real account
 UID_SLOTS = 512
 # The workbook files a worker may read: kernels/ without the reference, and what the worker runs.
-WORKER_MODULES = ("__init__.py", "worker.py", "wire.py", "guard.py", "limits.py", "sandbox.py", "harness.py")
+WORKER_MODULES = ("__init__.py", "worker.py", "sandbox.py", "isolation/__init__.py", "isolation/wire.py",
+                  "isolation/guard.py", "isolation/limits.py", "isolation/harness.py")
 ANSWER_KEYS = ("solutions", "tests", "grader/checks", "kernels/reference.py")
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 
@@ -407,7 +408,7 @@ def _cache_env(cache: str) -> dict[str, str]:
 NO_AUTOTUNE = {"WORKBOOK_AUTOTUNE": "0"}
 
 
-#: A batch's submissions and records (grader/guard.py reads them in the grader, never in a worker).
+#: A batch's submissions and records (grader/isolation/guard.py reads them in the grader, never in a worker).
 _CLASS_PATHS = ("WORKBOOK_PRIVATE", "WORKBOOK_PROTECT", BATCH_SUBMISSION_ENV, BATCH_OUT_ENV)
 
 

@@ -6,7 +6,7 @@ the sandbox grader/sandbox.py chooses (bubblewrap, a dedicated user, or none).  
 over two pipes, one frame (an 8-byte length, then that many bytes) per message:
 
     grader -> worker   pickle of ("call", function name, args, kwargs)   (the grader's own data)
-    worker -> grader   grader/wire.py's encoding of ("ok", result, s), ("misbehaved", message, s) or
+    worker -> grader   grader/isolation/wire.py's encoding of ("ok", result, s), ("misbehaved", message, s) or
                        ("error", type, message, traceback, s), s the seconds Triton spent compiling
 
 Arguments travel as plain pickles, never as shared memory, so nothing the worker does to its
@@ -22,11 +22,11 @@ its pipe, so the grader trusts nothing that comes back:
 * a frame that arrives while the grader is sending a request, or before it has sent one, was
   not asked for: the worker is stopped and the check fails, so an extra reply per call cannot
   fill the pipe until both sides wait on each other;
-* replies are read by grader/wire.py, which runs no code and bounds every walk of the value
+* replies are read by grader/isolation/wire.py, which runs no code and bounds every walk of the value
   (parts, depth, string lengths, tensor bytes), and every string of an error (the type's name,
   the message, the traceback) is cut to a fixed length before it reaches a record.
 
-The worker's limits (grader/limits.py) are enforced from here:
+The worker's limits (grader/isolation/limits.py) are enforced from here:
 
 * time: each call has a deadline; past it the worker is killed and the check fails "timeout".
 * memory: a cgroup caps memory of every kind where the sandbox can make one, and the grader
@@ -41,7 +41,7 @@ The worker's limits (grader/limits.py) are enforced from here:
 
 The worker dies with the grader (PR_SET_PDEATHSIG, bwrap's --die-with-parent), and when it
 ends, every process it started is killed (its PID namespace, or its dedicated uid).  Inside,
-grader/guard.py gives early, friendly messages for reaching for the answers (the sandbox, not the
+grader/isolation/guard.py gives early, friendly messages for reaching for the answers (the sandbox, not the
 guard, is what stops it), and turns writes to inputs or past outputs into failed checks.
 A worker that crashes, hangs, misbehaves in these ways or hits a CUDA error is stopped, and a
 fresh one is started for the next call.
@@ -63,9 +63,10 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from grader import guard, sandbox, wire
-from grader.guard import poisoned_allocations
-from grader.limits import Limits, reply_bytes
+from grader import sandbox
+from grader.isolation import guard, wire
+from grader.isolation.guard import poisoned_allocations
+from grader.isolation.limits import Limits, reply_bytes
 
 _OUTPUT_CAP = 64 * 1024  # bytes of the learner's printed output kept for messages
 _BOOT_TIMEOUT = 120.0    # starting the worker: torch and the workbook's own modules, no learner code yet
@@ -132,7 +133,7 @@ def _to_cpu(obj):
 
 
 def _pack(obj) -> bytes:
-    """A message of the worker, as the bytes of one frame's body (grader/wire.py)."""
+    """A message of the worker, as the bytes of one frame's body (grader/isolation/wire.py)."""
     return wire.encode(obj)
 
 
@@ -280,9 +281,9 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
             fn = getattr(module, fn_name, None)
             if fn is None:
                 raise AttributeError(f"the stage file has no function {fn_name!r}")
-            helper = kwargs.pop("_harness", None)        # a grader call around fn (grader/harness.py)
+            helper = kwargs.pop("_harness", None)        # a grader call around fn (grader/isolation/harness.py)
             if helper is not None:
-                from grader import harness
+                from grader.isolation import harness
                 fn = harness.bind(fn, helper)
             args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
             inputs = guard.snapshot_inputs(fn, args, kwargs)

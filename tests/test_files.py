@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from grader import files, sandbox
+from grader import sandbox
+from grader.isolation import files
 from grader.publishing import release
 
 

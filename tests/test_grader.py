@@ -178,7 +178,7 @@ def test_workers_count_the_seconds_triton_spends_compiling(monkeypatch):
     set before it; the grader takes the count from each reply and refuses a reply it did not ask for."""
     import triton
     from grader import worker
-    from grader.limits import Limits
+    from grader.isolation.limits import Limits
     if not hasattr(getattr(triton, "knobs", None), "compilation"):
         pytest.skip("this Triton has no compile listener")
     from triton.knobs import CompileTimes

@@ -1,4 +1,4 @@
-"""The worker's defences (grader/guard.py), tested here in-process without installing them.
+"""The worker's defences (grader/isolation/guard.py), tested here in-process without installing them.
 
 ``guard.install`` is never called in this process: an audit hook cannot be removed.  The
 decisions it would take are made by plain methods, tested directly; tests/test_faults.py sees
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from grader.check import check
-from grader.guard import Guard, _RefuseImports, changed_inputs, check_canaries, poisoned_allocations, snapshot_inputs
+from grader.isolation.guard import (Guard, _RefuseImports, changed_inputs, check_canaries, poisoned_allocations,
+                                    snapshot_inputs)
 from kernels.loader import ROOT
 
 GUARD = Guard(ROOT)

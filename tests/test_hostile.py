@@ -95,7 +95,7 @@ def indent(code: str, n: int = 4) -> str:
 # name -> (attack at import time, attack inside online_softmax)
 ATTACKS: dict[str, tuple[str, str]] = {
     "guard_off": ("""
-from grader import guard
+from grader.isolation import guard
 guard.Guard._refusal = lambda self, event, args: None
 sys.meta_path[:] = [m for m in sys.meta_path if type(m).__name__ != "_RefuseImports"]
 STOLEN = open(SOLUTION).read()

@@ -45,7 +45,7 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 THIEF = '''
 import os, sys
 try:
-    from grader import guard
+    from grader.isolation import guard
     guard.Guard._refusal = lambda self, event, args: None       # the Python guard is not the boundary
     sys.meta_path[:] = [m for m in sys.meta_path if type(m).__name__ != "_RefuseImports"]
 except Exception:

@@ -68,7 +68,7 @@ class InProcess:
         fn = getattr(self._module, fn_name)
         helper = kwargs.pop("_harness", None)        # a grader call around fn, as the worker makes it
         if helper is not None:
-            from grader import harness
+            from grader.isolation import harness
             fn = harness.bind(fn, helper)
         args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
         try:

@@ -289,9 +289,9 @@ _INSTALLED: list = []       # poisoned_allocations' installers, innermost last
 def plain_allocations():
     """Inside ``poisoned_allocations``: torch's own allocators for a while, then the poisoned ones again.
 
-    For ``torch.library.opcheck`` (grader/harness.py), which compares an operator's outputs with its
-    fake implementation's, storage offsets included: an output inside a canary buffer is a view at an
-    offset, and every operator would fail that comparison.
+    For ``torch.library.opcheck`` (grader/isolation/harness.py), which compares an operator's outputs
+    with its fake implementation's, storage offsets included: an output inside a canary buffer is a
+    view at an offset, and every operator would fail that comparison.
     """
     if not _INSTALLED:
         yield
