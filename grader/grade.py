@@ -41,9 +41,10 @@ from grader import COMMAND, holes, locate, sandbox, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.isolation import files
 from grader.isolation.limits import Limits
+from grader.isolation.outcomes import ImportFailed, LearnerError, Misbehaved, WorkerDied
+from grader.isolation.runner import Runner
 from grader.publishing import release
 from grader.stages import Stage
-from grader.worker import ImportFailed, LearnerError, Misbehaved, Runner, WorkerDied
 from kernels import includes, loader, runtime
 
 PASSING = ("pass",)

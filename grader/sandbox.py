@@ -58,8 +58,8 @@ MECHANISMS = ("bubblewrap", "user", "none")
 UID_BASE = 1_990_000_000          # dedicated uids: far above any real account
 UID_SLOTS = 512
 # The workbook files a worker may read: kernels/ without the reference, and what the worker runs.
-WORKER_MODULES = ("__init__.py", "worker.py", "sandbox.py", "isolation/__init__.py", "isolation/wire.py",
-                  "isolation/guard.py", "isolation/limits.py", "isolation/harness.py")
+WORKER_MODULES = ("__init__.py", "isolation/__init__.py", "isolation/child.py", "isolation/wire.py",
+                  "isolation/guard.py", "isolation/limits.py", "isolation/harness.py", "isolation/seccomp.py")
 ANSWER_KEYS = ("solutions", "tests", "grader/checks", "kernels/reference.py")
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 
@@ -190,7 +190,7 @@ def _probe(name: str) -> tuple[str | None, bool]:
     import os as stdlib_os  # the probe's Python must find the same standard library as the grader's
     # Inside bubblewrap the answer keys must not be there at all, wherever the workbook is checked out.
     keys = [str(ROOT / p) for p in ANSWER_KEYS] if name == "bubblewrap" else []
-    script = ("import os, torch, kernels.runtime\nfrom grader.sandbox import forbid_network\n"
+    script = ("import os, torch, kernels.runtime\nfrom grader.isolation.seccomp import forbid_network\n"
               f"seen = [p for p in {keys!r} if os.path.exists(p)]\n"
               "assert not seen, f'the sandbox shows the answer keys: {seen}'\n"
               "print(os.__file__)\nprint(forbid_network())")
@@ -1051,56 +1051,3 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-# -- no network, whatever the mechanism: a seccomp filter on socket() ---------------------------
-_AF_UNIX, _AF_NETLINK = 1, 16
-_SECCOMP = {  # machine -> (audit arch, socket's number, io_uring_setup's number)
-    "x86_64": (0xC000003E, 41, 425),
-    "aarch64": (0xC00000B7, 198, 425),
-}
-
-
-def forbid_network() -> bool:
-    """Refuse, for this process and every process it starts, any socket but a local (AF_UNIX or
-    netlink) one, and io_uring (which can open sockets without the socket() call).  A seccomp
-    filter: learner code cannot remove it.  False where the kernel or the machine does not allow it.
-    """
-    import ctypes
-    import platform
-    spec = _SECCOMP.get(platform.machine())
-    if sys.platform != "linux" or spec is None:
-        return False
-    arch, nr_socket, nr_io_uring = spec
-    deny = 0x00050000 | 13                  # SECCOMP_RET_ERRNO | EACCES
-    allow = 0x7FFF0000                      # SECCOMP_RET_ALLOW
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    # (code, jump if true, jump if false, k): jumps count the instructions to skip.
-    program = [
-        (ld, 0, 0, 4),                      # 0  the call's architecture
-        (jeq, 1, 0, arch),                  # 1  native: go on; else (a 32-bit entry point) refuse
-        (ret, 0, 0, deny),                  # 2
-        (ld, 0, 0, 0),                      # 3  the call's number
-        (jge, 6, 0, 0x40000000),            # 4  x32's numbers: refuse
-        (jeq, 5, 0, nr_io_uring),           # 5  io_uring_setup: refuse
-        (jeq, 1, 0, nr_socket),             # 6  socket(): look at its family
-        (ret, 0, 0, allow),                 # 7  anything else
-        (ld, 0, 0, 16),                     # 8  socket's first argument, the family
-        (jeq, 2, 0, _AF_UNIX),              # 9
-        (jeq, 1, 0, _AF_NETLINK),           # 10
-        (ret, 0, 0, deny),                  # 11 (also the target of 4 and 5)
-        (ret, 0, 0, allow),                 # 12
-    ]
-
-    class Filter(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
-
-    filters = (Filter * len(program))(*[Filter(*i) for i in program])
-    prog = Program(len(program), ctypes.cast(filters, ctypes.POINTER(Filter)))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:                      # PR_SET_NO_NEW_PRIVS
-        return False
-    return libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0   # PR_SET_SECCOMP, SECCOMP_MODE_FILTER

@@ -19,8 +19,8 @@ import pytest
 
 from grader import batch, formats, stages
 from grader.grade import grade_stage
-from grader.publishing import release
 from grader.isolation.limits import ENV, Limits
+from grader.publishing import release
 from grader.testing import mutants
 from kernels import runtime
 from kernels.loader import ROOT
@@ -253,7 +253,7 @@ def test_a_worker_restart_is_not_charged_to_the_next_check():
     from grader.check import Check
     from grader.grade import run_check
 
-    class Runner:                          # the worker's side of grader.worker.Runner, started as it starts
+    class Runner:                          # the worker's side of isolation.runner.Runner, started as it starts
         stage, source, last_call = STAGE1.module, "solutions", None
         _proc = None
 

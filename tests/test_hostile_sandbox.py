@@ -218,7 +218,7 @@ def _cmdline(pid: int | str) -> str:
 
 def _is_worker(pid: int) -> bool:
     """A worker's own Python (not the sh, bwrap or setpriv that start it)."""
-    return _cmdline(pid).split(" ")[1:3] == ["-m", "grader.worker"]
+    return _cmdline(pid).split(" ")[1:3] == ["-m", "grader.isolation.child"]
 
 
 def workers_of(proc: subprocess.Popen) -> list[int]:

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from grader import sandbox
+from grader.isolation import seccomp
 from kernels.loader import ROOT
 
 SOCKETS = """
 import socket, sys
-from grader import sandbox
-assert sandbox.forbid_network()
+from grader.isolation import seccomp
+assert seccomp.forbid_network()
 for family in (socket.AF_INET, socket.AF_INET6):
     try:
         socket.socket(family, socket.SOCK_STREAM)
@@ -32,7 +33,7 @@ print("refused")
 """
 
 
-@pytest.mark.skipif(sandbox._SECCOMP.get(__import__("platform").machine()) is None or sys.platform != "linux",
+@pytest.mark.skipif(seccomp._SECCOMP.get(__import__("platform").machine()) is None or sys.platform != "linux",
                     reason="the seccomp filter is written for Linux on x86-64 and arm64")
 def test_the_seccomp_filter_refuses_network_sockets_only():
     done = subprocess.run([sys.executable, "-c", SOCKETS], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -6,11 +6,12 @@ helper, with the keyword ``_harness``::
 
     ctx.learner.attention(q, k, v, do, causal=True, _harness="gradients")
 
-and the worker (grader/worker.py) calls ``gradients(stage.attention, q, k, v, do, causal=True)``.
-The grader thus records ``attention`` as the learner code the check ran (an unfilled TODO it
-reaches makes the check ``todo``), and the stage file holds only what the learner writes.  The
-notebooks call the same helpers directly, ``harness.backward_visits(stage.flash_attention_backward,
-q, k, v)``.  The worker can read this file (grader/sandbox.py lists it), not the checks.
+and the worker (grader/isolation/child.py) calls ``gradients(stage.attention, q, k, v, do,
+causal=True)``.  The grader thus records ``attention`` as the learner code the check ran (an
+unfilled TODO it reaches makes the check ``todo``), and the stage file holds only what the learner
+writes.  The notebooks call the same helpers directly, ``harness.backward_visits(
+stage.flash_attention_backward, q, k, v)``.  The worker can read this file, as it can the rest of
+grader/isolation/, but not the checks.
 """
 
 from __future__ import annotations

@@ -28,8 +28,9 @@ import torch
 
 from grader import stages
 from grader.check import CheckFailed, CheckSkipped, Ctx
+from grader.isolation.child import _to_cpu, _to_device
+from grader.isolation.outcomes import LearnerError
 from grader.sandbox import NO_AUTOTUNE
-from grader.worker import LearnerError, _to_cpu, _to_device
 from kernels import loader, runtime
 
 
