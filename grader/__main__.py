@@ -93,7 +93,7 @@ def _positive_int(text: str) -> int:
 
 def _add_grading_options(p, *, limits: bool = True) -> None:
     from grader.isolation.limits import add_limit_options
-    from grader.sandbox import add_isolation_option
+    from grader.isolation.choice import add_isolation_option
     add_isolation_option(p)
     if limits:
         add_limit_options(p)
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:          # argparse printed the usage and the error (or the help)
         return int(exc.code or 0)
     if getattr(args, "isolation", None):
-        from grader.sandbox import use_isolation_option
+        from grader.isolation.choice import use_isolation_option
         use_isolation_option(args)
     limits = _limits(args)
     command = args.command

@@ -26,8 +26,7 @@ import torch
 from test_faults import IMPORT, RETURN, at
 from test_hostile import FILE, STAGE1, TEMPLATE, _answer_keys_kept_as_they_were, indent  # noqa: F401 - a fixture
 
-from grader import sandbox
-from grader.isolation import wire
+from grader.isolation import choice, wire
 from grader.isolation.limits import Limits, reply_bytes
 from grader.testing import mutants
 from kernels.loader import ROOT
@@ -122,7 +121,7 @@ def _submission(tmp_path, attack: str):
 
 
 def _grade(mechanism: str, folder, only: list[str], limits: Limits) -> dict:
-    why = sandbox.probe(mechanism)
+    why = choice.probe(mechanism)
     if why:
         pytest.skip(f"isolation {mechanism!r} is not available here: {why}")
     env = dict(os.environ, WORKBOOK_ISOLATION=mechanism, PYTHONUNBUFFERED="1")

@@ -1,10 +1,10 @@
 """The grader's side of the worker: start it, call learner functions in it, and trust nothing it says.
 
 The grader's process builds inputs, computes the reference and compares; learner code only
-ever runs in a worker, a fresh Python (``python -m grader.isolation.child``, grader/isolation/child.py)
-started inside the sandbox grader/sandbox.py chooses (bubblewrap, a dedicated user, or none).  The
-two speak over two pipes, one frame (grader/isolation/wire.py: an 8-byte length, then that many
-bytes) per message:
+ever runs in a worker, a fresh Python (``python -m grader.isolation.child``: child.py) started
+in a sandbox (sandbox.py) of the mechanism choice.py picks: bubblewrap, a dedicated user, or
+none.  The two speak over two pipes, one frame (wire.py: an 8-byte length, then that many bytes)
+per message:
 
     grader -> worker   pickle of ("call", function name, args, kwargs)   (the grader's own data)
     worker -> grader   wire.py's encoding of ("ok", result, s), ("misbehaved", message, s) or
@@ -61,11 +61,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from grader import sandbox
-from grader.isolation import wire
+from grader.isolation import choice, wire
 from grader.isolation.limits import Limits, reply_bytes
 from grader.isolation.outcomes import ImportFailed, LearnerError, Misbehaved, WorkerDied, describe_value
+from grader.isolation.private import private_dir
+from grader.isolation.sandbox import Sandbox
+from grader.isolation.view import View
 from grader.isolation.wire import CHUNK, FRAME, MESSAGE_CAP, NAME_CAP, TRACEBACK_CAP
+from kernels.loader import ROOT
 
 _OUTPUT_CAP = 64 * 1024  # bytes of the learner's printed output kept for messages
 _BOOT_TIMEOUT = 120.0    # starting the worker: torch and the workbook's own modules, no learner code yet
@@ -87,15 +90,15 @@ class Runner:
         self.source = str(Path(source).resolve()) if str(source) not in ("stages", "solutions") else str(source)
         self.limits = limits or Limits.from_env()
         self._private, self._protected = tuple(map(str, private)), tuple(map(str, protected))
-        self.mechanism = mechanism or sandbox.choose()
-        self.cache = cache          # a compile cache kept between gradings (sandbox.compile_cache)
+        self.mechanism = mechanism or choice.choose()
+        self.cache = cache          # a compile cache kept between gradings (caches.compile_cache)
         self._sandbox = None
         self._proc = None
         self._conn = None
         self._drain = None
         self._death = None          # why the grader stopped the worker, when it did
         self._lock = threading.Lock()
-        log_dir = Path(log_dir) if log_dir else sandbox.private_dir()
+        log_dir = Path(log_dir) if log_dir else private_dir()
         self.log_path = str(log_dir / f"{os.getpid()}-log-{stage}-{id(self)}.txt")
         self.description = ""
         self.last_call: tuple[str, str] | None = None   # (function, what it returned), for messages
@@ -105,9 +108,8 @@ class Runner:
     # -- process management -------------------------------------------------------------
     def _start(self, timeout: float) -> None:
         if self._sandbox is None:
-            self._sandbox = sandbox.Sandbox(
-                self.mechanism, sandbox.View(readable=(str(loader_dir(self.source)),),
-                                             hidden=self._private + self._protected),
+            self._sandbox = Sandbox(
+                self.mechanism, View(readable=(str(loader_dir(self.source)),), hidden=self._private + self._protected),
                 memory_mb=self.limits.memory_mb, processes=self.limits.processes, disk_mb=self.limits.disk_mb,
                 cache=self.cache)
             self._sandbox.open()
@@ -129,7 +131,7 @@ class Runner:
         argv = [sys.executable, "-m", "grader.isolation.child", str(to_worker_r), str(from_worker_w), str(config_r)]
         try:
             self._proc = subprocess.Popen(
-                self._sandbox.command(argv), cwd=sandbox.ROOT if self.mechanism.name != "bubblewrap" else "/",
+                self._sandbox.command(argv), cwd=ROOT if self.mechanism.name != "bubblewrap" else "/",
                 env=self._sandbox.env(), stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
                 pass_fds=(to_worker_r, from_worker_w, config_r), start_new_session=True, umask=self._sandbox.umask)
         finally:

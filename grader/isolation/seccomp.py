@@ -3,8 +3,8 @@
 The worker installs it on itself (grader/isolation/child.py) before it imports learner code, under
 either real mechanism, and every process it starts inherits it.  Under bubblewrap it adds to a
 network namespace that holds nothing but its own loopback; under ``user``, which has no namespaces,
-it is all that cuts the network.  The mechanism's probe runs it once inside a sandbox to learn
-whether this kernel allows it, and the grader says so where it does not.
+it is all that cuts the network.  The mechanism's probe (choice.py) runs it once inside a sandbox
+to learn whether this kernel allows it, and the grader says so where it does not.
 """
 
 from __future__ import annotations

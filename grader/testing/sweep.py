@@ -30,7 +30,7 @@ from grader import stages
 from grader.check import CheckFailed, CheckSkipped, Ctx
 from grader.isolation.child import _to_cpu, _to_device
 from grader.isolation.outcomes import LearnerError
-from grader.sandbox import NO_AUTOTUNE
+from grader.isolation.sandbox import NO_AUTOTUNE
 from kernels import loader, runtime
 
 
