@@ -35,8 +35,8 @@ def test_answer_keys_cannot_be_read(path, what):
 
 
 def test_learner_code_reads_what_it_needs():
-    for path in (ROOT / "kernels" / "masks.py", ROOT / "grader" / "isolation" / "child.py", f"/proc/{os.getpid()}/status",
-                 "/tmp/anything"):
+    for path in (ROOT / "kernels" / "masks.py", ROOT / "grader" / "isolation" / "child.py",
+                 f"/proc/{os.getpid()}/status", "/tmp/anything"):
         assert GUARD._refusal("open", (str(path), "r", os.O_RDONLY)) is None
     # the folder the stage is loaded from is readable even where it would be private (grading solutions/)
     assert Guard(ROOT, readable=[ROOT / "solutions"]).read_refusal(str(ROOT / "solutions" / "x.py")) is None
