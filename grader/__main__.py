@@ -92,8 +92,8 @@ def _positive_int(text: str) -> int:
 
 
 def _add_grading_options(p, *, limits: bool = True) -> None:
-    from grader.isolation.limits import add_limit_options
     from grader.isolation.choice import add_isolation_option
+    from grader.isolation.limits import add_limit_options
     add_isolation_option(p)
     if limits:
         add_limit_options(p)

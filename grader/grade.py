@@ -132,7 +132,7 @@ def _snapshot(stage: Stage, source: str) -> Path:
     Only plain files are copied, never through a link (files.read_plain); the copy lives in the
     grader's own folder under a name no other worker can list (private_dir), readable by
     the grader alone (a folder of mode 0700, files of 0600): a worker under a uid of its own is
-    given a copy only that uid may read (isolation.uids.copy_for).  A file that includes code of an earlier
+    given a copy only that uid may read (sandbox.Sandbox).  A file that includes code of an earlier
     stage is copied expanded (kernels/includes.py): the worker sees nothing but this folder.
     """
     src = loader.source_dir(source)
