@@ -5,8 +5,8 @@ By role:
     grading      check.py, checks/, grade.py, grade_stages.py, progress.py, batch.py, formats.py,
                  holes.py, locate.py, diagnose/, notebook.py, sanitize.py, stages.py
     set-up       doctor.py (what runs on this machine), setup_plan.py (setup.sh's choices)
-    isolation    worker.py, wire.py, sandbox.py, guard.py, limits.py, files.py (the worker's modules stay here:
-                 the sandbox shows them to the worker by path)
+    isolation/   the worker, its sandbox and what crosses between them (the sandbox shows the worker
+                 that folder and this file, so this file holds constants only and imports nothing)
     publishing/  release, editions, bundles, published solutions, updates
     bench/       timing against PyTorch SDPA and FlexAttention, its report and training step
     testing/     wrong solutions, the pytest bridge, the seed sweep

@@ -92,8 +92,8 @@ def _positive_int(text: str) -> int:
 
 
 def _add_grading_options(p, *, limits: bool = True) -> None:
-    from grader.limits import add_limit_options
-    from grader.sandbox import add_isolation_option
+    from grader.isolation.choice import add_isolation_option
+    from grader.isolation.limits import add_limit_options
     add_isolation_option(p)
     if limits:
         add_limit_options(p)
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:          # argparse printed the usage and the error (or the help)
         return int(exc.code or 0)
     if getattr(args, "isolation", None):
-        from grader.sandbox import use_isolation_option
+        from grader.isolation.choice import use_isolation_option
         use_isolation_option(args)
     limits = _limits(args)
     command = args.command
@@ -412,7 +412,7 @@ def _limits(args) -> dict:
     """The limit options given (``Limits.from_env`` overrides), for the commands that take them."""
     if not hasattr(args, "check_timeout"):
         return {}
-    from grader.limits import limit_overrides
+    from grader.isolation.limits import limit_overrides
     return limit_overrides(args)
 
 

@@ -8,7 +8,7 @@ grader/intake.py checks and extracts into OUT/intake/.  Each (learner, stage) is
 
 in a process of its own, so nothing one learner's code does can reach another's grading; up to
 ``--jobs`` of them (the machine's cores) run at once.  Every learner gets the same inputs (one
-seed per batch, kept in OUT/batch.json).  Learner code runs in the sandbox grader/sandbox.py
+seed per batch, kept in OUT/batch.json).  Learner code runs in the sandbox grader/isolation/
 chooses: it sees its own submission and nothing of SUBMISSIONS, OUT or the other workers.  A
 batch refuses to start without a real isolation mechanism unless told ``--isolation none``.
 
@@ -59,9 +59,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
-from grader import BATCH_OUT_ENV, BATCH_SUBMISSION_ENV, files, formats, intake, sandbox, stages
+from grader import BATCH_OUT_ENV, BATCH_SUBMISSION_ENV, formats, intake, stages
 from grader.grade import StageResult, submission_folder, verdicts
-from grader.limits import Limits, default_memory_mb
+from grader.isolation import answer_keys, choice, files
+from grader.isolation.limits import Limits, default_memory_mb
+from grader.isolation.mechanism import IsolationError, Mechanism
 from kernels import runtime
 from kernels.loader import ROOT
 
@@ -107,7 +109,7 @@ def version(root: Path = ROOT) -> str:
 #: The files besides a stage's own check modules whose change can change a verdict: the shared check
 #: helpers (every file of grader/checks/ that is not one stage's), how a check runs and is timed, and
 #: the reference and tolerances the answers are compared with.
-GRADING_SOURCES = ("grader/check.py", "grader/grade.py", "grader/limits.py", "kernels/reference.py",
+GRADING_SOURCES = ("grader/check.py", "grader/grade.py", "grader/isolation/limits.py", "kernels/reference.py",
                    "kernels/tolerance.py", "kernels/masks.py")
 
 
@@ -182,7 +184,7 @@ def parse_regrade(values: list[str] | None, everyone: list[Path], chosen: list) 
 
 class Batch:
     def __init__(self, submissions: Path, chosen: list, out: Path, *, jobs: int, limits: Limits, seed: int,
-                 mechanism: sandbox.Mechanism, regrade: set | None = None):
+                 mechanism: Mechanism, regrade: set | None = None):
         self.submissions, self.stages, self.out, self.mechanism = submissions, chosen, out, mechanism
         self.jobs, self.limits, self.seed = jobs, limits, seed
         self.regrade = set(regrade or ())
@@ -245,7 +247,7 @@ class Batch:
         env = dict(os.environ, **self.limits.env(), WORKBOOK_SEED=str(self.seed),
                    WORKBOOK_PRIVATE=str(self.submissions), WORKBOOK_PROTECT=str(self.out),
                    **{BATCH_SUBMISSION_ENV: str(learner), BATCH_OUT_ENV: str(tmp)},
-                   **sandbox.checked_env(self.mechanism),
+                   **choice.checked_env(self.mechanism),
                    OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // self.jobs)))
         cmd = [sys.executable, "-m", "grader", stage.name, "--format", "json"]
         record = {"learner": formats.learner_label(learner.name), "stage": stage.name,
@@ -424,11 +426,11 @@ def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, 
         _say(f"{submissions} is not a folder of submissions (one folder per learner)")
         return 2
     try:
-        mechanism = sandbox.choose()
-    except sandbox.IsolationError as exc:
+        mechanism = choice.choose()
+    except IsolationError as exc:
         _say(str(exc))
         return 2
-    if mechanism.name == "none" and sandbox.requested() != "none":
+    if mechanism.name == "none" and choice.requested() != "none":
         _say("no isolation mechanism works here, so learner code would run as you, able to read the answer keys "
              f"and the other submissions ({mechanism.reason}).\nInstall bubblewrap or run as root to grade "
              "a class; --isolation none grades anyway (only for code you trust).")
@@ -438,7 +440,7 @@ def run(submissions: Path, chosen: list, out: Path, *, jobs: int | None = None, 
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)  # records are the grader's alone
     if mechanism.name == "user":
-        sandbox.protect_answer_keys([submissions, out])
+        answer_keys.protect_answer_keys([submissions, out])
     meta_path = out / "batch.json"
     try:
         meta = json.loads(files.read_plain(meta_path) or b"{}")

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from kernels import runtime, tolerance
-from grader.worker import LearnerError, WorkerDied
+from grader.isolation.outcomes import LearnerError, WorkerDied
 
 
 class CheckFailed(AssertionError):

@@ -37,12 +37,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grader import COMMAND, files, holes, locate, sandbox, stages
+from grader import COMMAND, holes, locate, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
-from grader.limits import Limits
+from grader.isolation import caches, choice, files
+from grader.isolation.answer_keys import AnswerKeys
+from grader.isolation.limits import Limits
+from grader.isolation.mechanism import IsolationError
+from grader.isolation.outcomes import ImportFailed, LearnerError, Misbehaved, WorkerDied
+from grader.isolation.private import private_dir
+from grader.isolation.runner import Runner
 from grader.publishing import release
 from grader.stages import Stage
-from grader.worker import ImportFailed, LearnerError, Misbehaved, Runner, WorkerDied
 from kernels import includes, loader, runtime
 
 PASSING = ("pass",)
@@ -71,7 +76,7 @@ class StageResult:
     seed: int = 0
     device: str = ""
     seconds: float = 0.0
-    isolation: str = ""         # the mechanism learner code ran under (grader/sandbox.py)
+    isolation: str = ""         # the mechanism learner code ran under (grader/isolation/)
     workers: int = 1            # worker processes that took the checks in turn
 
     @property
@@ -125,7 +130,7 @@ def _snapshot(stage: Stage, source: str) -> Path:
     """Copy the stage's files to a private folder, so grading never touches (or is touched by) them.
 
     Only plain files are copied, never through a link (files.read_plain); the copy lives in the
-    grader's own folder under a name no other worker can list (sandbox.private_dir), readable by
+    grader's own folder under a name no other worker can list (private_dir), readable by
     the grader alone (a folder of mode 0700, files of 0600): a worker under a uid of its own is
     given a copy only that uid may read (sandbox.Sandbox).  A file that includes code of an earlier
     stage is copied expanded (kernels/includes.py): the worker sees nothing but this folder.
@@ -135,7 +140,7 @@ def _snapshot(stage: Stage, source: str) -> Path:
         raise files.UnsafeFile(f"{source} is a symbolic link: the grader reads only plain files and folders")
     if str(source) == "stages" and os.path.islink(loader.ROOT / "stages"):
         raise files.UnsafeFile("stages/ is a symbolic link: the grader reads only plain files and folders")
-    tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{stage.name}-", dir=sandbox.private_dir()))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-{stage.name}-", dir=private_dir()))
     try:
         os.chmod(tmp, 0o700)
         for name in stage.files():
@@ -407,8 +412,8 @@ def _grade_snapshot(stage, source, snapshot, result, checks, limits, jobs, seed,
     folder = loader.source_dir(source)
     path = folder / f"{stage.module}.py"
     try:                               # after the cheap answers above: a stage not started runs nothing
-        mechanism = sandbox.choose()
-    except sandbox.IsolationError as exc:
+        mechanism = choice.choose()
+    except IsolationError as exc:
         result.status = "not graded"
         result.results = verdicts(checks, "crash", str(exc))
         return result
@@ -419,11 +424,11 @@ def _grade_snapshot(stage, source, snapshot, result, checks, limits, jobs, seed,
     private = [] if folder in (loader.ROOT / "stages", loader.ROOT / "solutions") else [folder]
     private += _env_paths("WORKBOOK_PRIVATE")
     protected = _env_paths("WORKBOOK_PROTECT")
-    keys = sandbox.AnswerKeys(private + protected) if mechanism.name == "user" else contextlib.nullcontext()
+    keys = AnswerKeys(private + protected) if mechanism.name == "user" else contextlib.nullcontext()
     # Grading your own files again reuses the kernels compiled last time; other people's code (a
     # batch, or a folder given by path) starts from an empty cache.
     own = str(source) in ("stages", "solutions") and not os.environ.get("WORKBOOK_PRIVATE")
-    cache = sandbox.compile_cache(str(source)) if own and mechanism.name != "none" else None
+    cache = caches.compile_cache(str(source)) if own and mechanism.name != "none" else None
 
     def runner():
         return Runner(stage.module, str(snapshot), limits=limits, private=private, protected=protected,

@@ -56,7 +56,7 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
     if sanitize and not os.environ.get(sanitizer.ENV):
         return sanitizer.relaunch(sys.argv[1:] if argv is None else argv)
     from grader.grade import default_jobs, grade_stage, print_result, submission_folder
-    from grader.limits import Limits
+    from grader.isolation.limits import Limits
     from grader import progress
     jobs = jobs or default_jobs()
     overrides = any(v is not None for v in (limits or {}).values())

@@ -33,7 +33,8 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
-from grader import files, stages
+from grader import stages
+from grader.isolation import files
 
 FOLDER = "intake"                # OUT/intake/<learner>/: the stage files taken from a nested folder or a zip
 MAX_MEMBERS = 20_000             # a whole workbook with its git history is a few thousand files

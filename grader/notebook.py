@@ -21,8 +21,8 @@ def refusal(source: str, isolation: str | None) -> str:
     ``--isolation`` or $WORKBOOK_ISOLATION, None for the default), or "" when it may."""
     if str(source) in ("stages", "solutions"):
         return ""
-    from grader import sandbox
-    asked = (isolation or os.environ.get(sandbox.ENV, "auto")).strip().lower()
+    from grader.isolation import choice
+    asked = (isolation or os.environ.get(choice.ENV, "auto")).strip().lower()
     if asked == "none":
         return ""
     return ("--notebook runs the notebook's cells outside the sandbox, as you, so it does not go with "

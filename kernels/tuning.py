@@ -35,7 +35,7 @@ import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET
 #: (query, key) pairs per (batch, head) from which the autotuner is used (2048 x 2048).
 TUNE_FROM = 2048 * 2048
 #: Set to 0, no kernel is autotuned: every call takes its table's first entry.  The grader's
-#: workers set it (grader/sandbox.py): a check needs the right answer, not the fastest tile.
+#: workers set it (grader/isolation/sandbox.py): a check needs the right answer, not the fastest tile.
 AUTOTUNE_ENV = "WORKBOOK_AUTOTUNE"
 
 # The forward kernels of stages 3 and 5-9.  Bigger tiles reuse each K/V load for more queries

@@ -31,7 +31,8 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
 * **Tiles for these loops.**  Without per-element address arithmetic, larger dQ tiles pay at
   D64 (see DQ_TILES).
 * **Fewer choices.**  Head dims must be powers of two from 16 to 256 and the tensors are made
-  contiguous first; no visit counting (``grader.harness.backward_visits`` shows stage 9's skipping).
+  contiguous first; no visit counting (``grader.isolation.harness.backward_visits`` shows stage 9's
+  skipping).
 
 The preprocess, the block ranges and the visibility rule are stage 9's own, through its public
 names (``backward_preprocess``, ``query_blocks_of``, ``key_blocks_of``, ``is_visible``): the two

@@ -19,8 +19,8 @@ import pytest
 
 from grader import batch, formats, stages
 from grader.grade import grade_stage
+from grader.isolation.limits import ENV, Limits
 from grader.publishing import release
-from grader.limits import ENV, Limits
 from grader.testing import mutants
 from kernels import runtime
 from kernels.loader import ROOT
@@ -237,7 +237,7 @@ def test_a_hanging_function_costs_only_its_own_checks(tmp_path, run_batch, monke
 
 
 def test_the_per_check_default_shares_out_the_stage():
-    from grader.limits import CHECK_FLOOR
+    from grader.isolation.limits import CHECK_FLOOR
     n = len(STAGE1.checks())
     assert Limits(stage_timeout=600).for_stage(n, 1).call_timeout == round(600 / n, 1)   # 9 hangs fit in 600 s
     assert Limits(stage_timeout=600).for_stage(n, 3).call_timeout == 200.0      # run_check keeps 180 s, the check's own
@@ -253,7 +253,7 @@ def test_a_worker_restart_is_not_charged_to_the_next_check():
     from grader.check import Check
     from grader.grade import run_check
 
-    class Runner:                          # the worker's side of grader.worker.Runner, started as it starts
+    class Runner:                          # the worker's side of isolation.runner.Runner, started as it starts
         stage, source, last_call = STAGE1.module, "solutions", None
         _proc = None
 

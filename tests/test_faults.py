@@ -19,7 +19,7 @@ import torch
 
 from grader import sanitize, stages
 from grader.grade import grade_stage
-from grader.limits import Limits
+from grader.isolation.limits import Limits
 from grader.testing import mutants
 from kernels.loader import ROOT
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from grader import files, sandbox
+from grader.isolation import files, private
 from grader.publishing import release
 
 
@@ -78,7 +78,7 @@ def test_forced_releases_never_overwrite_a_backup(tmp_path):
 
 
 def test_a_killed_graders_leftovers_are_swept(tmp_path):
-    folder = sandbox.private_dir()
+    folder = private.private_dir()
     dead = 2**22 + 12345   # above Linux's largest pid: no such process
     left = folder / f"{dead}-stage1-leftover"
     left.mkdir()
@@ -86,7 +86,7 @@ def test_a_killed_graders_leftovers_are_swept(tmp_path):
     mine = folder / f"{os.getpid()}-stage1-mine"
     mine.mkdir()
     try:
-        sandbox.private_dir()
+        private.private_dir()
         assert not left.exists() and mine.exists()
     finally:
         mine.rmdir()

@@ -177,28 +177,29 @@ def test_workers_count_the_seconds_triton_spends_compiling(monkeypatch):
     """A worker adds up Triton's compile times (not cache hits) and passes each event on to a listener
     set before it; the grader takes the count from each reply and refuses a reply it did not ask for."""
     import triton
-    from grader import worker
-    from grader.limits import Limits
+    from grader.isolation import child, outcomes
+    from grader.isolation.limits import Limits
+    from grader.isolation.runner import Runner
     if not hasattr(getattr(triton, "knobs", None), "compilation"):
         pytest.skip("this Triton has no compile listener")
     from triton.knobs import CompileTimes
     seen = []
     monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **event: seen.append(event["cache_hit"]))
-    seconds = worker._count_compiles()
+    seconds = child._count_compiles()
     times = CompileTimes(ir_initialization=250_000, lowering_stages=[("ttir", 500_000), ("cubin", 1_000_000)],
                          store_results=250_000)
     triton.knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=times, cache_hit=False)
     triton.knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=times, cache_hit=True)
     assert seconds == [2.0] and seen == [False, True]
 
-    runner = worker.Runner.__new__(worker.Runner)
+    runner = Runner.__new__(Runner)
     runner._proc, runner.compile_seconds, runner.limits = object(), 0.0, Limits()
     runner._send = lambda data, deadline, timeout: None
-    for reply, outcome in [(("ok", 7, 1.25), 7), (("ok", 7, -3.0), 7), (("ok", 7), worker.Misbehaved),
-                           (("error", "E", "m", "tb"), worker.Misbehaved), ("ok", worker.Misbehaved)]:
-        runner._receive = lambda deadline, timeout, cap, reply=reply: bytearray(worker._pack(reply))
-        if outcome is worker.Misbehaved:
-            with pytest.raises(worker.Misbehaved, match="a reply it did not ask for"):
+    for reply, outcome in [(("ok", 7, 1.25), 7), (("ok", 7, -3.0), 7), (("ok", 7), outcomes.Misbehaved),
+                           (("error", "E", "m", "tb"), outcomes.Misbehaved), ("ok", outcomes.Misbehaved)]:
+        runner._receive = lambda deadline, timeout, cap, reply=reply: bytearray(child._pack(reply))
+        if outcome is outcomes.Misbehaved:
+            with pytest.raises(outcomes.Misbehaved, match="a reply it did not ask for"):
                 runner.call("f")
         else:
             assert runner.call("f") == outcome

@@ -1,4 +1,4 @@
-"""The worker's defences (grader/guard.py), tested here in-process without installing them.
+"""The worker's defences (grader/isolation/guard.py), tested here in-process without installing them.
 
 ``guard.install`` is never called in this process: an audit hook cannot be removed.  The
 decisions it would take are made by plain methods, tested directly; tests/test_faults.py sees
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from grader.check import check
-from grader.guard import Guard, _RefuseImports, changed_inputs, check_canaries, poisoned_allocations, snapshot_inputs
+from grader.isolation.guard import (Guard, _RefuseImports, changed_inputs, check_canaries, poisoned_allocations,
+                                    snapshot_inputs)
 from kernels.loader import ROOT
 
 GUARD = Guard(ROOT)
@@ -34,8 +35,8 @@ def test_answer_keys_cannot_be_read(path, what):
 
 
 def test_learner_code_reads_what_it_needs():
-    for path in (ROOT / "kernels" / "masks.py", ROOT / "grader" / "worker.py", f"/proc/{os.getpid()}/status",
-                 "/tmp/anything"):
+    for path in (ROOT / "kernels" / "masks.py", ROOT / "grader" / "isolation" / "child.py",
+                 f"/proc/{os.getpid()}/status", "/tmp/anything"):
         assert GUARD._refusal("open", (str(path), "r", os.O_RDONLY)) is None
     # the folder the stage is loaded from is readable even where it would be private (grading solutions/)
     assert Guard(ROOT, readable=[ROOT / "solutions"]).read_refusal(str(ROOT / "solutions" / "x.py")) is None

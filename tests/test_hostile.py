@@ -4,7 +4,7 @@ Each attack below is a stage 1 submission built here.  An attacker that steals a
 solutions, the reference, a classmate's file, a file served over the network) uses it, so a
 successful theft would score points; one that attacks a classmate does it at import time, while
 honest classmates are graded beside it.  For every mechanism that works on this machine
-(grader/sandbox.py), the suite asserts that
+(grader/isolation/), the suite asserts that
 
 * honest learners keep full marks, and their files and records are untouched;
 * every attack earns nothing, and its record says why;
@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from grader import sandbox, stages
+from grader import stages
+from grader.isolation import answer_keys, choice, private
 from kernels.loader import ROOT
 
 pytestmark = pytest.mark.slow
@@ -95,7 +96,7 @@ def indent(code: str, n: int = 4) -> str:
 # name -> (attack at import time, attack inside online_softmax)
 ATTACKS: dict[str, tuple[str, str]] = {
     "guard_off": ("""
-from grader import guard
+from grader.isolation import guard
 guard.Guard._refusal = lambda self, event, args: None
 sys.meta_path[:] = [m for m in sys.meta_path if type(m).__name__ != "_RefuseImports"]
 STOLEN = open(SOLUTION).read()
@@ -318,7 +319,7 @@ def build_class(subs: Path, out: Path, port: int, mechanism: str) -> dict[str, s
 @pytest.fixture(scope="module", autouse=True)
 def _answer_keys_kept_as_they_were():
     """The 'user' mechanism makes the answer keys unreadable to other users; give them their modes back."""
-    paths = [ROOT / p for p in sandbox.ANSWER_KEYS] + list((ROOT / "kernels" / "__pycache__").glob("reference.*"))
+    paths = [ROOT / p for p in answer_keys.ANSWER_KEYS] + list((ROOT / "kernels" / "__pycache__").glob("reference.*"))
     modes = {p: p.stat().st_mode for p in paths if p.exists()}
     yield
     for path, mode in modes.items():
@@ -340,7 +341,7 @@ def _sleepers() -> list[str]:
 @pytest.fixture(scope="module", params=["bubblewrap", "user"])
 def graded(request, tmp_path_factory):
     mechanism = request.param
-    why = sandbox.probe(mechanism)
+    why = choice.probe(mechanism)
     if why:
         pytest.skip(f"isolation {mechanism!r} is not available here: {why}")
     # A folder other users may enter, as a real course's would be: the grader, not the folders
@@ -454,7 +455,7 @@ def test_no_victim_file_or_record_changed(graded):
 
 
 def test_the_network_is_cut(graded):
-    if not sandbox.choose(graded["mechanism"]).seccomp and graded["mechanism"] != "bubblewrap":
+    if not choice.choose(graded["mechanism"]).seccomp and graded["mechanism"] != "bubblewrap":
         pytest.skip("no seccomp filter here: the 'user' mechanism cannot cut the network (docs/isolation.md)")
     assert graded["server"].served == 0
 
@@ -467,7 +468,7 @@ def test_gradebook_is_whole(graded):
 def test_nothing_left_running_or_behind(graded):
     assert not _sleepers(), "processes started by learner code outlived grading"
     leftovers = []
-    folder = sandbox.private_dir()
+    folder = private.private_dir()
     for entry in os.listdir(folder):
         pid = entry.split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
@@ -505,7 +506,7 @@ for _ in range(300):
 @pytest.mark.parametrize("mechanism", ["bubblewrap", "user"])
 def test_the_autograder_path_holds_too(mechanism):
     """Gradescope's run_autograder: a submission can neither read the hidden checks nor forge results.json."""
-    why = sandbox.probe(mechanism)
+    why = choice.probe(mechanism)
     if why:
         pytest.skip(f"isolation {mechanism!r} is not available here: {why}")
     from grader.publishing import bundle

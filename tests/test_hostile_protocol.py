@@ -7,9 +7,9 @@ instead of stopping the suite) under every mechanism that works here, and each t
 the grading ends within its limits, with the check's status and reason, and a record of bounded
 size, and that the grader itself did not grow with what the worker sent.
 
-The reply format itself (grader/wire.py) is attacked directly too: forged replies that are deep,
-wide, cyclic in spirit (a DAG), or whose tensors overlap or reach past the data, are refused at
-once, whatever a walk of them would cost.
+The reply format itself (grader/isolation/wire.py) is attacked directly too: forged replies that
+are deep, wide, cyclic in spirit (a DAG), or whose tensors overlap or reach past the data, are
+refused at once, whatever a walk of them would cost.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 from test_faults import IMPORT, RETURN, at
 from test_hostile import FILE, STAGE1, TEMPLATE, _answer_keys_kept_as_they_were, indent  # noqa: F401 - a fixture
 
-from grader import sandbox, wire
-from grader.limits import Limits, reply_bytes
+from grader.isolation import choice, wire
+from grader.isolation.limits import Limits, reply_bytes
 from grader.testing import mutants
 from kernels.loader import ROOT
 
@@ -45,7 +45,7 @@ DRIVER = """
 import json, resource, sys, time
 from grader import stages
 from grader.grade import grade_stage
-from grader.limits import Limits
+from grader.isolation.limits import Limits
 folder, only, limits = sys.argv[1], json.loads(sys.argv[2]), Limits(**json.loads(sys.argv[3]))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 began = time.monotonic()
@@ -121,7 +121,7 @@ def _submission(tmp_path, attack: str):
 
 
 def _grade(mechanism: str, folder, only: list[str], limits: Limits) -> dict:
-    why = sandbox.probe(mechanism)
+    why = choice.probe(mechanism)
     if why:
         pytest.skip(f"isolation {mechanism!r} is not available here: {why}")
     env = dict(os.environ, WORKBOOK_ISOLATION=mechanism, PYTHONUNBUFFERED="1")

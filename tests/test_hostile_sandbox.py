@@ -32,7 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from grader import sandbox, stages
+from grader import stages
+from grader.isolation import answer_keys, choice, procfs, sandbox, uids
+from grader.isolation.private import private_dir, unlink
+from grader.isolation.mechanism import UID_BASE, UID_SLOTS, Mechanism
 from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")
@@ -45,7 +48,7 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 THIEF = '''
 import os, sys
 try:
-    from grader import guard
+    from grader.isolation import guard
     guard.Guard._refusal = lambda self, event, args: None       # the Python guard is not the boundary
     sys.meta_path[:] = [m for m in sys.meta_path if type(m).__name__ != "_RefuseImports"]
 except Exception:
@@ -109,13 +112,13 @@ def pythons(tmp_path_factory):
     top = Path(tempfile.mkdtemp(prefix="workbook-python-"))
     top.chmod(0o755)
     for name in MECHANISMS:
-        why = sandbox.probe(name)
+        why = choice.probe(name)
         if why is None:
             found[name] = sys.executable
             continue
         other = _readable_python(top) if name == "user" and IS_ROOT else None
         if other is not None:
-            asked = subprocess.run([other, "-c", f"from grader import sandbox; print(sandbox.probe({name!r}))"],
+            asked = subprocess.run([other, "-c", f"from grader.isolation import choice; print(choice.probe({name!r}))"],
                                    cwd=ROOT, check=False, capture_output=True, text=True, timeout=300)
             if asked.stdout.strip() == "None":
                 found[name] = other
@@ -150,7 +153,7 @@ def graded(done: subprocess.CompletedProcess) -> dict:
 
 
 def _uid_range() -> range:
-    return range(sandbox.UID_BASE, sandbox.UID_BASE + sandbox.UID_SLOTS + 1)
+    return range(UID_BASE, UID_BASE + UID_SLOTS + 1)
 
 
 # -- the notebook ----------------------------------------------------------------------------
@@ -218,11 +221,11 @@ def _cmdline(pid: int | str) -> str:
 
 def _is_worker(pid: int) -> bool:
     """A worker's own Python (not the sh, bwrap or setpriv that start it)."""
-    return _cmdline(pid).split(" ")[1:3] == ["-m", "grader.worker"]
+    return _cmdline(pid).split(" ")[1:3] == ["-m", "grader.isolation.child"]
 
 
 def workers_of(proc: subprocess.Popen) -> list[int]:
-    return [p for p in sandbox._descendants(proc.pid) if p != proc.pid and _is_worker(p)]
+    return [p for p in procfs.descendants(proc.pid) if p != proc.pid and _is_worker(p)]
 
 
 def start_slow_grading(pythons, mechanism: str, folder: Path, seconds: int, checks=(CHECK,)) -> subprocess.Popen:
@@ -252,14 +255,14 @@ def test_no_command_line_names_a_snapshot_and_only_its_worker_reads_one(mechanis
     submission or its snapshot, and every snapshot file is readable by its own worker alone: each
     worker of its own uid has a copy of its own."""
     sub = tmp_path / "learner-alice"
-    private = sandbox.private_dir()
+    private = private_dir()
     proc = start_slow_grading(pythons, mechanism, sub, 10, checks=(CHECK, "softmax_float16"))
     try:
         mine = [private / e for e in os.listdir(private) if e.startswith(f"{proc.pid}-stage1-")]
         assert mine, os.listdir(private)
         names = {str(sub), *(str(p) for p in mine)}
         # the grading's own command line names the folder it was given; nothing it started does
-        seen = [(pid, _cmdline(pid)) for pid in sandbox._descendants(proc.pid) if pid != proc.pid]
+        seen = [(pid, _cmdline(pid)) for pid in procfs.descendants(proc.pid) if pid != proc.pid]
         leaks = [(pid, cmd) for pid, cmd in seen if any(n in cmd for n in names)]
         assert not leaks, leaks
         uids = {os.stat(f"/proc/{pid}").st_uid for pid in workers_of(proc)}
@@ -283,7 +286,7 @@ def test_a_class_s_paths_do_not_reach_the_worker(monkeypatch, tmp_path):
     monkeypatch.setenv("WORKBOOK_PRIVATE", str(tmp_path / "class"))
     monkeypatch.setenv("WORKBOOK_PROTECT", str(tmp_path / "records"))
     for home in ("/tmp", None):
-        env = sandbox._worker_env(home=home, uid=None)
+        env = sandbox.worker_env(home=home, uid=None)
         assert "WORKBOOK_PRIVATE" not in env and "WORKBOOK_PROTECT" not in env, home
     from grader import grade
     seen = {}
@@ -296,7 +299,7 @@ def test_a_class_s_paths_do_not_reach_the_worker(monkeypatch, tmp_path):
         raise Stop
 
     monkeypatch.setattr(grade, "Runner", runner)
-    monkeypatch.setattr(sandbox, "choose", lambda name=None: sandbox.Mechanism("bubblewrap", seccomp=True))
+    monkeypatch.setattr(choice, "choose", lambda name=None: Mechanism("bubblewrap", seccomp=True))
     sub = thief(tmp_path / "sub")
     with pytest.raises(Stop):
         grade.grade_stage(STAGE1, str(sub), jobs=1)
@@ -358,7 +361,7 @@ def test_a_worker_leaves_nothing_behind_and_every_mode_comes_back(mechanism, pyt
     records = tmp_path / "records"
     records.mkdir(mode=0o755)
     records.chmod(0o755)
-    watched = [ROOT / p for p in sandbox.ANSWER_KEYS] + [sub, tmp_path / "class", records]
+    watched = [ROOT / p for p in answer_keys.ANSWER_KEYS] + [sub, tmp_path / "class", records]
     before = _modes(watched)
     env = dict(os.environ, WORKBOOK_PRIVATE=str(tmp_path / "class"), WORKBOOK_PROTECT=str(records))
     try:
@@ -375,7 +378,7 @@ def test_a_worker_leaves_nothing_behind_and_every_mode_comes_back(mechanism, pyt
         for path, mode in before.items():                # whatever happened, the checkout stays usable
             os.chmod(path, mode)
         for p in (f"/tmp/{tag}", f"/var/tmp/{tag}", f"/run/lock/{tag}", f"/dev/shm/{tag}", f"/dev/mqueue/{tag}"):
-            sandbox._unlink(p)
+            unlink(p)
         shutil.rmtree(f"/var/tmp/{tag}-dir", ignore_errors=True)
         for option, k in (("-M", key), ("-S", key + 1), ("-Q", key + 2)):
             if k in _sysv_keys():
@@ -386,7 +389,7 @@ def test_a_worker_leaves_nothing_behind_and_every_mode_comes_back(mechanism, pyt
 def test_what_a_uid_left_is_found_and_removed():
     """The cleanup a ``user`` worker gets, without starting one: files, folders and SysV objects that
     belong to a uid in folders everyone may write are found and removed; nothing of anyone else's."""
-    uid = sandbox.UID_BASE + sandbox.UID_SLOTS + 7          # a uid no worker uses
+    uid = UID_BASE + UID_SLOTS + 7          # a uid no worker uses
     tag = f"workbook-uid-test-{os.getpid()}"
     mine = [Path("/var/tmp") / tag, Path(tempfile.gettempdir()) / tag]
     folder = Path("/var/tmp") / f"{tag}-dir"
@@ -416,16 +419,16 @@ def test_what_a_uid_left_is_found_and_removed():
         perm = IpcPerm.from_buffer(buf)
         perm.uid = uid
         assert libc.shmctl(shm, 1, buf) == 0                 # IPC_SET: now the uid's
-        assert sandbox._sysv_shm_mb(uid) >= 4
-        found = sandbox.leftovers(uid)
+        assert procfs.sysv_shm_mb(uid) >= 4
+        found = uids.leftovers(uid)
         assert {str(p) for p in [*mine, folder]} <= set(found) and f"sysv:shm:{shm}" in found, found
         assert str(others) not in found
-        sandbox.remove_leftovers(uid)
+        uids.remove_leftovers(uid)
         assert not any(os.path.lexists(p) for p in [*mine, folder]) and others.exists()
-        assert key not in _sysv_keys() and sandbox.leftovers(uid) == []
+        assert key not in _sysv_keys() and uids.leftovers(uid) == []
     finally:
         for path in [*mine, others]:
-            sandbox._unlink(str(path))
+            unlink(str(path))
         shutil.rmtree(folder, ignore_errors=True)
         if key in _sysv_keys():
             libc.shmctl(shm, 0, None)                        # IPC_RMID
@@ -435,18 +438,18 @@ def test_modes_taken_away_come_back_when_the_last_grading_ends(monkeypatch, tmp_
     """Two gradings of one checkout at once: the answer keys stay hidden until both have ended, then
     every mode comes back as it was, also after a grading that was killed before it could."""
     root = tmp_path / "checkout"
-    for part in sandbox.ANSWER_KEYS:
+    for part in answer_keys.ANSWER_KEYS:
         (root / part).parent.mkdir(parents=True, exist_ok=True)
         (root / part).mkdir() if not part.endswith(".py") else (root / part).write_text("")
     (root / "kernels" / "reference.py").chmod(0o644)
     extra = tmp_path / "records"
     extra.mkdir(mode=0o750)
     extra.chmod(0o750)
-    monkeypatch.setattr(sandbox, "ROOT", root)
-    monkeypatch.setattr(sandbox, "_keys_files", lambda: (tmp_path / "modes.json", tmp_path / "modes.lock"))
-    paths = [root / p for p in sandbox.ANSWER_KEYS] + [extra]
+    monkeypatch.setattr(answer_keys, "ROOT", root)
+    monkeypatch.setattr(answer_keys, "_keys_files", lambda: (tmp_path / "modes.json", tmp_path / "modes.lock"))
+    paths = [root / p for p in answer_keys.ANSWER_KEYS] + [extra]
     before = _modes(paths)
-    first, second = sandbox.AnswerKeys([extra]), sandbox.AnswerKeys()
+    first, second = answer_keys.AnswerKeys([extra]), answer_keys.AnswerKeys()
     first.__enter__()
     second.__enter__()
     assert all(mode & 0o077 == 0 for mode in _modes(paths).values())
@@ -454,12 +457,12 @@ def test_modes_taken_away_come_back_when_the_last_grading_ends(monkeypatch, tmp_
     assert all(mode & 0o077 == 0 for mode in _modes(paths).values()), "restored while another grading ran"
     second.__exit__(None, None, None)
     assert _modes(paths) == before
-    killed = sandbox.AnswerKeys([extra])
+    killed = answer_keys.AnswerKeys([extra])
     killed.__enter__()
     os.close(killed._fd)                         # its process died: the lock went, the record stayed
     killed._fd = None
     assert (root / "solutions").stat().st_mode & 0o077 == 0
-    with sandbox.AnswerKeys():
+    with answer_keys.AnswerKeys():
         pass
     assert _modes(paths) == before
 
@@ -470,7 +473,7 @@ def test_modes_taken_away_come_back_when_the_last_grading_ends(monkeypatch, tmp_
 def test_sigterm_removes_the_learner_s_snapshot(mechanism, pythons, tmp_path):
     """A grading stopped by SIGTERM while learner code runs removes its snapshot, the workers' copies
     and logs before it exits: nothing of the learner's waits in the grader's folder for a later sweep."""
-    private = sandbox.private_dir()
+    private = private_dir()
     proc = start_slow_grading(pythons, mechanism, tmp_path / "sub", 90)
     workers = workers_of(proc)
     try:

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from grader import sandbox
+from grader.isolation import caches, choice, private, sandbox, seccomp, view
+from grader.isolation.mechanism import IsolationError, Mechanism
 from kernels.loader import ROOT
 
 SOCKETS = """
 import socket, sys
-from grader import sandbox
-assert sandbox.forbid_network()
+from grader.isolation import seccomp
+assert seccomp.forbid_network()
 for family in (socket.AF_INET, socket.AF_INET6):
     try:
         socket.socket(family, socket.SOCK_STREAM)
@@ -32,7 +33,7 @@ print("refused")
 """
 
 
-@pytest.mark.skipif(sandbox._SECCOMP.get(__import__("platform").machine()) is None or sys.platform != "linux",
+@pytest.mark.skipif(seccomp._SECCOMP.get(__import__("platform").machine()) is None or sys.platform != "linux",
                     reason="the seccomp filter is written for Linux on x86-64 and arm64")
 def test_the_seccomp_filter_refuses_network_sockets_only():
     done = subprocess.run([sys.executable, "-c", SOCKETS], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -40,25 +41,25 @@ def test_the_seccomp_filter_refuses_network_sockets_only():
 
 
 def test_asking_for_a_mechanism_is_checked(monkeypatch):
-    monkeypatch.setenv(sandbox.ENV, "chroot")
-    with pytest.raises(sandbox.IsolationError, match="auto, bubblewrap, user, none"):
-        sandbox.requested()
-    monkeypatch.setattr(sandbox, "_probe", lambda name: ("not here", False) if name != "none" else (None, False))
-    sandbox.choose.cache_clear()
+    monkeypatch.setenv(choice.ENV, "chroot")
+    with pytest.raises(IsolationError, match="auto, bubblewrap, user, none"):
+        choice.requested()
+    monkeypatch.setattr(choice, "_probe", lambda name: ("not here", False) if name != "none" else (None, False))
+    choice.choose.cache_clear()
     try:
-        with pytest.raises(sandbox.IsolationError, match="'bubblewrap' is not available here: not here"):
-            sandbox.choose("bubblewrap")          # asked for by name: never a quiet downgrade
-        chosen = sandbox.choose("auto")
+        with pytest.raises(IsolationError, match="'bubblewrap' is not available here: not here"):
+            choice.choose("bubblewrap")          # asked for by name: never a quiet downgrade
+        chosen = choice.choose("auto")
         assert chosen.name == "none" and "bubblewrap: not here" in chosen.reason
         assert "Python guard only" in chosen.describe()
     finally:
-        sandbox.choose.cache_clear()
+        choice.choose.cache_clear()
 
 
 def _mechanism_or_skip(name):
     try:
-        return sandbox.choose(name)
-    except sandbox.IsolationError as exc:
+        return choice.choose(name)
+    except IsolationError as exc:
         pytest.skip(str(exc))
 
 
@@ -77,12 +78,12 @@ def test_a_compile_cache_outlives_one_worker_and_holds_nothing_else(name, tmp_pa
     mechanism = _mechanism_or_skip(name)
     import shutil
     import tempfile
-    cache = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-test-cache-", dir=sandbox.private_dir()))
+    cache = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-test-cache-", dir=private.private_dir()))
     request.addfinalizer(lambda: shutil.rmtree(cache, ignore_errors=True))
     outside = tmp_path / "outside.txt"
     outside.write_text("the grader's")
     for step in ("write", "read"):
-        box = sandbox.Sandbox(mechanism, sandbox.View(readable=()), cache=cache)
+        box = sandbox.Sandbox(mechanism, view.View(readable=()), cache=cache)
         box.open()
         try:
             done = subprocess.run(box.command([sys.executable, "-c", WRITE_CACHE, step]), env=box.env(),
@@ -108,12 +109,12 @@ def test_sharing_a_cache_between_worker_uids_follows_no_link(tmp_path):
     os.link(outside, cache / "hard")            # a second name of a file that is not the worker's
     (cache / "triton").mkdir()
     (cache / "triton" / "k.bin").write_text("x")
-    sandbox._share(cache)
+    caches.share(cache)
     assert outside.stat().st_gid == 0 and stat.S_IMODE(outside.stat().st_mode) == 0o600
     assert (tmp_path / "elsewhere" / "secret").stat().st_gid == 0
     assert not (cache / "hard").exists() and (cache / "link").is_symlink()
     kernel, folder = (cache / "triton" / "k.bin").stat(), (cache / "triton").stat()
-    assert kernel.st_gid == folder.st_gid == sandbox.CACHE_GID
+    assert kernel.st_gid == folder.st_gid == caches.CACHE_GID
     assert kernel.st_mode & 0o660 == 0o660 and stat.S_IMODE(folder.st_mode) == 0o2770
 
 
@@ -123,9 +124,9 @@ def test_workers_under_two_uids_share_one_compile_cache(tmp_path, request):
     mechanism = _mechanism_or_skip("user")
     import shutil
     import tempfile
-    cache = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-test-cache-", dir=sandbox.private_dir()))
+    cache = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-test-cache-", dir=private.private_dir()))
     request.addfinalizer(lambda: shutil.rmtree(cache, ignore_errors=True))
-    boxes = [sandbox.Sandbox(mechanism, sandbox.View(readable=()), cache=cache) for _ in range(2)]
+    boxes = [sandbox.Sandbox(mechanism, view.View(readable=()), cache=cache) for _ in range(2)]
     try:
         for box in boxes:
             box.open()
@@ -151,7 +152,7 @@ def test_only_your_own_files_get_a_compile_cache(monkeypatch, tmp_path):
         raise Stop
 
     monkeypatch.setattr(grade, "Runner", runner)
-    monkeypatch.setattr(sandbox, "choose", lambda name=None: sandbox.Mechanism("bubblewrap", seccomp=True))
+    monkeypatch.setattr(choice, "choose", lambda name=None: Mechanism("bubblewrap", seccomp=True))
     monkeypatch.delenv("WORKBOOK_PRIVATE", raising=False)
     stage = stages.find("stage1")
     folder = tmp_path / "someone"
@@ -163,9 +164,9 @@ def test_only_your_own_files_get_a_compile_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("WORKBOOK_PRIVATE", str(tmp_path))      # a batch's grading
     with pytest.raises(Stop):
         grade.grade_stage(stage, "solutions", jobs=1)
-    assert seen == [sandbox.compile_cache("solutions"), None, None]
+    assert seen == [caches.compile_cache("solutions"), None, None]
     with pytest.raises(ValueError, match="name must be"):
-        sandbox.compile_cache(str(folder))
+        caches.compile_cache(str(folder))
 
 
 def test_a_probe_is_remembered_only_when_it_succeeded_and_only_from_a_file_of_our_own(monkeypatch, tmp_path):
@@ -173,8 +174,8 @@ def test_a_probe_is_remembered_only_when_it_succeeded_and_only_from_a_file_of_ou
     does: not a failure, not another boot's or Python's record, not a file others could write."""
     import json
     path = tmp_path / "probes.json"
-    monkeypatch.setattr(sandbox, "_probes_file", lambda: path)
-    monkeypatch.setattr(sandbox.shutil, "which", lambda _: "/usr/bin/x")
+    monkeypatch.setattr(choice, "_probes_file", lambda: path)
+    monkeypatch.setattr(choice.shutil, "which", lambda _: "/usr/bin/x")
     calls, works = [], {"now": True}
 
     def fake_run(cmd, **kwargs):                # the probe's own sandboxed Python, as a working one answers
@@ -182,11 +183,11 @@ def test_a_probe_is_remembered_only_when_it_succeeded_and_only_from_a_file_of_ou
         if not works["now"]:
             return subprocess.CompletedProcess(cmd, 1, b"", b"bwrap: no permission")
         return subprocess.CompletedProcess(cmd, 0, f"{os.__file__}\nTrue\n".encode(), b"")
-    monkeypatch.setattr(sandbox.subprocess, "run", fake_run)
+    monkeypatch.setattr(choice.subprocess, "run", fake_run)
 
     def probe():
-        sandbox._probe.cache_clear()
-        return sandbox._probe("bubblewrap")
+        choice._probe.cache_clear()
+        return choice._probe("bubblewrap")
 
     try:
         assert probe() == (None, True) and len(calls) == 1
@@ -200,20 +201,20 @@ def test_a_probe_is_remembered_only_when_it_succeeded_and_only_from_a_file_of_ou
         assert len(calls) == 3 and not path.exists()                     # a failure is probed every time
         works["now"] = True
         for spoil in ("mode", "key", "checkout"):
-            key = sandbox._probe_key("bubblewrap")
+            key = choice._probe_key("bubblewrap")
             if spoil == "key":                                            # another boot, Python or grader code
                 key = key.replace(key.split("|")[2], "another-boot")
             if spoil == "checkout":                                       # another copy of the workbook
-                monkeypatch.setattr(sandbox, "ROOT", tmp_path / "elsewhere")
+                monkeypatch.setattr(choice, "ROOT", tmp_path / "elsewhere")
             path.write_text(json.dumps({key: True}))
             path.chmod(0o644 if spoil == "mode" else 0o600)               # a file others could have written
             calls.clear()
             assert probe() == (None, True) and len(calls) == 1, spoil
         if os.geteuid() == 0:                                             # a file another user owns
-            path.write_text(json.dumps({sandbox._probe_key("bubblewrap"): True}))
+            path.write_text(json.dumps({choice._probe_key("bubblewrap"): True}))
             path.chmod(0o600)
             os.chown(path, 65534, 65534)
             calls.clear()
             assert probe() == (None, True) and len(calls) == 1, "owner"
     finally:
-        sandbox._probe.cache_clear()
+        choice._probe.cache_clear()

@@ -56,8 +56,8 @@ def test_a_parallel_sweep_finds_what_a_serial_one_does():
 
 
 def test_checks_that_call_the_graders_helpers_run_in_the_sweep():
-    """Stage 9's checks call the learner's functions through grader/harness.py (``_harness=``), as the worker
-    does; the sweep's in-process runner must too, or every such check fails on every seed."""
+    """Stage 9's checks call the learner's functions through grader/isolation/harness.py (``_harness=``), as
+    the worker does; the sweep's in-process runner must too, or every such check fails on every seed."""
     from grader.testing.sweep import format_table
     found = sweep(stages.find("stage9"), [0], only=["mha_gradients", "saves_nothing_quadratic"])
     assert not any(m.failures for m in found.values()), format_table(stages.find("stage9"), found, 0)

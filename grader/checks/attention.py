@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from grader.check import CheckFailed
-from grader.worker import describe_value
+from grader.isolation.outcomes import describe_value
 from kernels import masks, reference, tolerance
 
 MASK_OPTIONS = ("causal", "window", "sink_tokens")

@@ -14,7 +14,7 @@ from grader import holes
 from grader.check import check
 from grader.checks.attention import attend, label
 from grader.checks.masked_attention import needed_tiles
-from grader.worker import LearnerError
+from grader.isolation.outcomes import LearnerError
 from kernels import cuda_build, loader
 
 HEAD_DIMS = range(8, 257, 8)

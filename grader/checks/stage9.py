@@ -3,9 +3,9 @@
 Part 1's ``tiled_attention_backward`` is a plain function: the checks hand it the reference's
 ``o`` and ``lse`` and judge the gradients it returns.  Part 2's kernels are judged through
 ``attention``: your code runs in a worker process and autograd graphs cannot cross processes,
-so the grader's helper ``gradients`` (grader/harness.py) runs ``attention(...)`` forward and
-``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the grader's
-process, the same gradients come from ``kernels.reference.attention_grads``: in float64 (the
+so the grader's helper ``gradients`` (grader/isolation/harness.py) runs ``attention(...)``
+forward and ``o.backward(do)`` there and returns ``(o, dq, dk, dv, dsinks)``.  Here, in the
+grader's process, the same gradients come from ``kernels.reference.attention_grads``: in float64 (the
 answer) and in the input's dtype (how much error PyTorch itself makes, for the tolerance rule:
 gradients may err 3x as much).  Part 3's operator is judged the same way through ``attention_op``,
 eager and under ``torch.compile(fullgraph=True)``, and by ``torch.library.opcheck``.
@@ -40,8 +40,8 @@ def _grads_close(ctx, q, k, v, do, *, label, sinks=None, tiled=None, attend="att
     ``tiled=(block_m, block_n)`` calls part 1's ``tiled_attention_backward`` on the float64
     reference's o and lse (rounded to the inputs' dtype and float32); otherwise ``attend``
     (``attention``, ``tiled_attention`` or ``attention_op``) runs forward and backward, through the
-    helper ``harness`` (grader/harness.py: ``gradients``, or ``compiled_gradients``).  The references
-    are computed on ``device`` (the GPU for real sizes), else on the inputs' own.
+    helper ``harness`` (grader/isolation/harness.py: ``gradients``, or ``compiled_gradients``).  The
+    references are computed on ``device`` (the GPU for real sizes), else on the inputs' own.
     Returns ``(o or None, dq, dk, dv, dsinks)``.
     """
     if tiled is not None:

@@ -3,7 +3,7 @@
 # It installs Python, the CPU build of torch, and what the grader needs, in /autograder/venv.
 set -euo pipefail
 apt-get update -q
-# bubblewrap sandboxes learner code where the container allows namespaces (grader/sandbox.py);
+# bubblewrap sandboxes learner code where the container allows namespaces (grader/isolation/);
 # util-linux's setpriv (in the base image) runs it as a dedicated user where it does not.
 apt-get install -y -q python3 python3-venv python3-pip bubblewrap
 

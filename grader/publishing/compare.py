@@ -12,7 +12,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from grader import files
+from grader.isolation import files
 from grader.publishing import publish
 from kernels.loader import ROOT
 

@@ -33,7 +33,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from grader import files
+from grader.isolation import files
 from grader.publishing import release
 from kernels.loader import ROOT
 

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from grader import files
+from grader.isolation import files
 from kernels.includes import expand_file
 from kernels.loader import ROOT
 

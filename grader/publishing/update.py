@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader import files
+from grader.isolation import files
 from grader.publishing import edition
 from kernels.loader import ROOT
 

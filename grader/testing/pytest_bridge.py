@@ -23,8 +23,9 @@ import pytest
 from grader import stages
 from grader.check import session_seed
 from grader.grade import _snapshot, run_check
+from grader.isolation.outcomes import ImportFailed
+from grader.isolation.runner import Runner
 from grader.publishing import release
-from grader.worker import ImportFailed, Runner
 from kernels import loader
 
 def pytest_addoption(parser):

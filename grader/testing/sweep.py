@@ -28,8 +28,9 @@ import torch
 
 from grader import stages
 from grader.check import CheckFailed, CheckSkipped, Ctx
-from grader.sandbox import NO_AUTOTUNE
-from grader.worker import LearnerError, _to_cpu, _to_device
+from grader.isolation.child import _to_cpu, _to_device
+from grader.isolation.outcomes import LearnerError
+from grader.isolation.sandbox import NO_AUTOTUNE
 from kernels import loader, runtime
 
 
@@ -68,7 +69,7 @@ class InProcess:
         fn = getattr(self._module, fn_name)
         helper = kwargs.pop("_harness", None)        # a grader call around fn, as the worker makes it
         if helper is not None:
-            from grader import harness
+            from grader.isolation import harness
             fn = harness.bind(fn, helper)
         args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
         try:

@@ -1,6 +1,8 @@
 """The worker's replies, in a form the grader reads within bounds it sets itself.
 
-A reply is one value (a tuple such as ``("ok", result, seconds)``) written as
+Every message on the worker's two pipes is one frame: its length (``FRAME``, 8 bytes, big-endian),
+then that many bytes.  A request is a pickle of the grader's own data.  A reply is one value (a
+tuple such as ``("ok", result, seconds)``) written as
 
     8 bytes   the length of the JSON part, big-endian
     JSON      the value as a tree: JSON's own null, true, false, numbers and strings, and one-key
@@ -41,6 +43,12 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128"
 ACCEPTED = "only tensors, numbers, strings, None, dtypes and lists, tuples or dicts of them"
 _HEAD = struct.Struct("!Q")
 _ATOMS = (str, int, float, bool, type(None))
+
+FRAME = struct.Struct("!Q")     # a frame's length, before its bytes
+CHUNK = 1 << 20                 # bytes moved per read or write of a pipe
+#: Characters kept of an error's type name, message and traceback: the worker cuts them before it sends
+#: them, and the grader again on receipt (the worker runs learner code, which may send anything).
+NAME_CAP, MESSAGE_CAP, TRACEBACK_CAP = 200, 4000, 6000
 
 
 class Refused(ValueError):

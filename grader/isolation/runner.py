@@ -1,12 +1,13 @@
-"""Run learner code in a process of its own.
+"""The grader's side of the worker: start it, call learner functions in it, and trust nothing it says.
 
 The grader's process builds inputs, computes the reference and compares; learner code only
-ever runs here, in a worker that is a fresh Python (``python -m grader.worker``) started inside
-the sandbox grader/sandbox.py chooses (bubblewrap, a dedicated user, or none).  The two speak
-over two pipes, one frame (an 8-byte length, then that many bytes) per message:
+ever runs in a worker, a fresh Python (``python -m grader.isolation.child``: child.py) started
+in a sandbox (sandbox.py) of the mechanism choice.py picks: bubblewrap, a dedicated user, or
+none.  The two speak over two pipes, one frame (wire.py: an 8-byte length, then that many bytes)
+per message:
 
     grader -> worker   pickle of ("call", function name, args, kwargs)   (the grader's own data)
-    worker -> grader   grader/wire.py's encoding of ("ok", result, s), ("misbehaved", message, s) or
+    worker -> grader   wire.py's encoding of ("ok", result, s), ("misbehaved", message, s) or
                        ("error", type, message, traceback, s), s the seconds Triton spent compiling
 
 Arguments travel as plain pickles, never as shared memory, so nothing the worker does to its
@@ -22,11 +23,11 @@ its pipe, so the grader trusts nothing that comes back:
 * a frame that arrives while the grader is sending a request, or before it has sent one, was
   not asked for: the worker is stopped and the check fails, so an extra reply per call cannot
   fill the pipe until both sides wait on each other;
-* replies are read by grader/wire.py, which runs no code and bounds every walk of the value
-  (parts, depth, string lengths, tensor bytes), and every string of an error (the type's name,
-  the message, the traceback) is cut to a fixed length before it reaches a record.
+* replies are read by wire.py, which runs no code and bounds every walk of the value (parts,
+  depth, string lengths, tensor bytes), and every string of an error (the type's name, the
+  message, the traceback) is cut to a fixed length before it reaches a record.
 
-The worker's limits (grader/limits.py) are enforced from here:
+The worker's limits (grader/isolation/limits.py) are enforced from here:
 
 * time: each call has a deadline; past it the worker is killed and the check fails "timeout".
 * memory: a cgroup caps memory of every kind where the sandbox can make one, and the grader
@@ -40,11 +41,10 @@ The worker's limits (grader/limits.py) are enforced from here:
   past the cap the worker is stopped, so ``while True: print(...)`` costs neither disk nor time.
 
 The worker dies with the grader (PR_SET_PDEATHSIG, bwrap's --die-with-parent), and when it
-ends, every process it started is killed (its PID namespace, or its dedicated uid).  Inside,
-grader/guard.py gives early, friendly messages for reaching for the answers (the sandbox, not the
-guard, is what stops it), and turns writes to inputs or past outputs into failed checks.
-A worker that crashes, hangs, misbehaves in these ways or hits a CUDA error is stopped, and a
-fresh one is started for the next call.
+ends, every process it started is killed (its PID namespace, or its dedicated uid).  A worker
+that crashes, hangs, misbehaves in these ways or hits a CUDA error is stopped, and a fresh one is
+started for the next call.  How a call can end, as the grader reports it, is in
+grader/isolation/outcomes.py.
 """
 
 from __future__ import annotations
@@ -54,261 +54,26 @@ import os
 import pickle
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from grader import guard, sandbox, wire
-from grader.guard import poisoned_allocations
-from grader.limits import Limits, reply_bytes
+from grader.isolation import choice, wire
+from grader.isolation.limits import Limits, reply_bytes
+from grader.isolation.outcomes import ImportFailed, LearnerError, Misbehaved, WorkerDied, describe_value
+from grader.isolation.private import private_dir
+from grader.isolation.sandbox import Sandbox
+from grader.isolation.view import View
+from grader.isolation.wire import CHUNK, FRAME, MESSAGE_CAP, NAME_CAP, TRACEBACK_CAP
+from kernels.loader import ROOT
 
 _OUTPUT_CAP = 64 * 1024  # bytes of the learner's printed output kept for messages
 _BOOT_TIMEOUT = 120.0    # starting the worker: torch and the workbook's own modules, no learner code yet
 _POLL = 0.1              # seconds between checks of the worker's health and memory
 _HELLO_BYTES = 1 << 20   # the most a message that is not a call's reply may hold ("booted", "ready", import errors)
-_NAME_CAP, _MESSAGE_CAP, _TRACEBACK_CAP = 200, 4000, 6000   # characters kept of an error's type, message, traceback
-_FRAME = struct.Struct("!Q")  # a frame's length, before its bytes
-_CHUNK = 1 << 20             # bytes moved per read or write
-
-
-class LearnerError(Exception):
-    """An exception raised by learner code, carried back from the worker."""
-
-    def __init__(self, type_name: str, message: str, tb: str = ""):
-        super().__init__(f"{type_name}: {message}")
-        self.type_name, self.message, self.tb = type_name, message, tb
-
-
-class Misbehaved(LearnerError):
-    """The call returned, but wrote to its inputs or past its outputs, or returned what the grader refuses."""
-
-    def __init__(self, message: str):
-        super().__init__("Misbehaved", message)
-
-
-class WorkerDied(Exception):
-    """The worker crashed (segfault, abort, exit) or was stopped (time, memory or output limit)."""
-
-    def __init__(self, reason: str, timed_out: bool = False):
-        super().__init__(reason)
-        self.reason, self.timed_out = reason, timed_out
-
-
-class ImportFailed(LearnerError):
-    """The stage file could not be imported (syntax error, failing import, a crash or hang at import, ...)."""
-
-    def __init__(self, type_name: str, message: str, tb: str = "", *, timed_out: bool = False):
-        super().__init__(type_name, message, tb)
-        self.timed_out = timed_out
-
-
-def _to_device(obj, device, depth: int = 0):
-    """The grader's arguments on ``device`` (a walk of the grader's own data, bounded all the same)."""
-    import torch
-    if depth > wire.MAX_DEPTH:
-        raise ValueError(f"the call's arguments are nested more than {wire.MAX_DEPTH} levels deep")
-    if isinstance(obj, torch.Tensor):
-        if obj.device == torch.device(device) or obj.is_contiguous():
-            return obj.to(device)
-        # A strided view (a slice, a transpose): move its whole storage and rebuild the view,
-        # so the kernel sees the same strides and the same neighbouring memory as on the CPU.
-        storage = torch.empty(0, dtype=obj.dtype).set_(obj.untyped_storage())
-        return torch.as_strided(storage.to(device), obj.shape, obj.stride(), obj.storage_offset())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(x, device, depth + 1) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device, depth + 1) for k, v in obj.items()}
-    return obj
-
-
-def _to_cpu(obj):
-    """``obj`` as the grader receives it from a worker: on the CPU, a dataclass as a dict of its fields."""
-    return wire.decode(bytearray(wire.encode(obj)))
-
-
-def _pack(obj) -> bytes:
-    """A message of the worker, as the bytes of one frame's body (grader/wire.py)."""
-    return wire.encode(obj)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to kill this process when the grader goes away, however it goes."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if parent_pid and os.getppid() != parent_pid:
-        os._exit(1)
-
-
-def _set_limits(limits: Limits, *, own_uid: bool) -> None:
-    """The worker's rlimits, set before any learner code runs (which cannot raise them again)."""
-    import resource
-
-    def cap(which, value):
-        soft, hard = resource.getrlimit(which)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (value, value))
-
-    cap(resource.RLIMIT_CORE, 0)
-    cap(resource.RLIMIT_NOFILE, limits.open_files)
-    cap(resource.RLIMIT_FSIZE, limits.disk_mb << 20)
-    if own_uid:  # counted per uid: only a uid of the worker's own makes it a per-worker limit
-        cap(resource.RLIMIT_NPROC, limits.processes)
-
-
-class _Pipes:
-    """The worker's end: requests come in on one pipe, replies go out on the other, a frame each."""
-
-    def __init__(self, fd_in: int, fd_out: int):
-        self._in, self._out = fd_in, fd_out
-
-    def _read(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view, pos = memoryview(buf), 0
-        while pos < n:
-            got = os.readv(self._in, [view[pos:pos + _CHUNK]])
-            if not got:
-                raise EOFError("the grader closed the pipe")
-            pos += got
-        return buf
-
-    def recv_bytes(self) -> bytearray:
-        (n,) = _FRAME.unpack(self._read(_FRAME.size))
-        return self._read(n)
-
-    def send_bytes(self, data) -> None:
-        for part in (_FRAME.pack(len(data)), data):
-            view = memoryview(part)
-            while view:
-                view = view[os.write(self._out, view[:_CHUNK]):]
-
-
-def _traceback_of(exc: BaseException, stage: str, others: int = 3) -> str:
-    """The traceback of ``exc`` and of the exceptions it came from, each keeping every frame of the
-    stage file and its ``others`` innermost other frames.  A Triton error is raised deep inside
-    triton.language and re-raised at the launch, so the kernel line that caused it can sit many
-    frames above either end; the last few frames alone would point at the launch."""
-    head = traceback.TracebackException.from_exception(exc)
-    seen, part = set(), head
-    while part is not None and id(part) not in seen:
-        seen.add(id(part))
-        frames = list(part.stack)
-        part.stack = traceback.StackSummary.from_list(
-            [f for i, f in enumerate(frames) if i >= len(frames) - others or f.filename.endswith(f"{stage}.py")])
-        part = part.__cause__ or (None if part.__suppress_context__ else part.__context__)
-    return "".join(head.format())[-6000:]
-
-
-def _count_compiles() -> list[float]:
-    """A one-element list that adds up the seconds Triton spends compiling kernels (not loading them
-    from its cache) in this process, for the grader's record of each check's own time: a cold cache's
-    compiles are gone at the next grading, so they must not decide which check starts first."""
-    seconds = [0.0]
-    try:
-        import triton
-        compilation = triton.knobs.compilation
-    except (ImportError, AttributeError):
-        return seconds                                   # a Triton without compile listeners: nothing counted
-    earlier = compilation.listener
-
-    def listener(**event):
-        times = event.get("times")
-        if not event.get("cache_hit") and times is not None:
-            seconds[0] += times.total / 1e6              # microseconds
-        if earlier is not None:
-            earlier(**event)
-    compilation.listener = listener
-    return seconds
-
-
-def _start_cuda(device) -> None:
-    """Create CUDA's context and cuBLAS's handle on ``device`` now, while the worker starts, so that
-    the time recorded for its first check is that check's own.  A failure here is left for the first
-    check to meet and report, as it would without this."""
-    import torch
-    try:
-        x = torch.ones(8, 8, device=device)
-        (x @ x).sum().item()
-    except Exception:  # noqa: BLE001 - reported by the check that needs the GPU
-        pass
-
-
-def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
-                 private: tuple = (), protected: tuple = (), own_uid: bool = False, cut_network: bool = False) -> None:
-    _die_with_parent(parent_pid)
-    # stdout and stderr are the grader's capped log: learner prints never reach the protocol.
-    import faulthandler
-    import resource
-    faulthandler.enable()  # a segfault prints the Python line it happened on
-    root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root))
-    try:
-        _set_limits(limits, own_uid=own_uid)
-        if cut_network and not sandbox.forbid_network():
-            raise RuntimeError("the grader could not install its seccomp filter, which it found working before")
-        from kernels import loader, runtime
-        import torch
-        if runtime.ON_GPU:
-            _start_cuda(runtime.DEVICE)
-        if not runtime.ON_GPU:
-            cap = (limits.memory_mb + 2048) * 2**20
-            resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
-        guard.install(root, readable=[loader.source_dir(source)], private=private, protected=protected)
-        conn.send_bytes(_pack(("booted",)))
-        compiling = _count_compiles()
-        module = loader.load_stage(stage, source)
-        conn.send_bytes(_pack(("ready", runtime.describe())))
-    except BaseException as exc:  # noqa: BLE001 - any import failure is reported, not raised
-        conn.send_bytes(_pack(("import-error", wire.cut(type(exc).__name__, _NAME_CAP), str(exc)[:_MESSAGE_CAP],
-                               traceback.format_exc(limit=-12)[-_TRACEBACK_CAP:])))
-        return
-    while True:
-        try:
-            _, fn_name, args, kwargs = pickle.loads(conn.recv_bytes())
-        except EOFError:
-            return
-        fatal = False
-        compiling[0] = 0.0
-        try:
-            fn = getattr(module, fn_name, None)
-            if fn is None:
-                raise AttributeError(f"the stage file has no function {fn_name!r}")
-            helper = kwargs.pop("_harness", None)        # a grader call around fn (grader/harness.py)
-            if helper is not None:
-                from grader import harness
-                fn = harness.bind(fn, helper)
-            args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
-            inputs = guard.snapshot_inputs(fn, args, kwargs)
-            outputs: list = []
-            with poisoned_allocations(outputs):
-                result = fn(*args, **kwargs)
-            if runtime.ON_GPU:
-                torch.cuda.synchronize()
-            problem = guard.check_canaries(outputs) or guard.changed_inputs(fn_name, inputs)
-            # encoded here, so that a CUDA error met copying the result back is fatal like any other
-            payload = _pack(("misbehaved", problem, compiling[0]) if problem else ("ok", result, compiling[0]))
-        except wire.Refused as exc:       # a result of a type, a size or a shape the grader does not accept
-            payload = _pack(("misbehaved", str(exc), compiling[0]))
-        except BaseException as exc:  # noqa: BLE001
-            text = str(exc)
-            fatal = "CUDA error" in text or "illegal memory access" in text or isinstance(exc, (SystemExit, KeyboardInterrupt))
-            payload = _pack(("error", wire.cut(type(exc).__name__, _NAME_CAP), text[:_MESSAGE_CAP],
-                             _traceback_of(exc, stage)[-_TRACEBACK_CAP:], compiling[0]))
-        for stream in (sys.stdout, sys.stderr):  # so the log holds this call's prints before its verdict
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - learner code may have replaced or closed them
-                pass
-        conn.send_bytes(payload)
-        if fatal:
-            os._exit(3)
 
 
 class Runner:
@@ -325,15 +90,15 @@ class Runner:
         self.source = str(Path(source).resolve()) if str(source) not in ("stages", "solutions") else str(source)
         self.limits = limits or Limits.from_env()
         self._private, self._protected = tuple(map(str, private)), tuple(map(str, protected))
-        self.mechanism = mechanism or sandbox.choose()
-        self.cache = cache          # a compile cache kept between gradings (sandbox.compile_cache)
+        self.mechanism = mechanism or choice.choose()
+        self.cache = cache          # a compile cache kept between gradings (caches.compile_cache)
         self._sandbox = None
         self._proc = None
         self._conn = None
         self._drain = None
         self._death = None          # why the grader stopped the worker, when it did
         self._lock = threading.Lock()
-        log_dir = Path(log_dir) if log_dir else sandbox.private_dir()
+        log_dir = Path(log_dir) if log_dir else private_dir()
         self.log_path = str(log_dir / f"{os.getpid()}-log-{stage}-{id(self)}.txt")
         self.description = ""
         self.last_call: tuple[str, str] | None = None   # (function, what it returned), for messages
@@ -343,9 +108,8 @@ class Runner:
     # -- process management -------------------------------------------------------------
     def _start(self, timeout: float) -> None:
         if self._sandbox is None:
-            self._sandbox = sandbox.Sandbox(
-                self.mechanism, sandbox.View(readable=(str(loader_dir(self.source)),),
-                                             hidden=self._private + self._protected),
+            self._sandbox = Sandbox(
+                self.mechanism, View(readable=(str(loader_dir(self.source)),), hidden=self._private + self._protected),
                 memory_mb=self.limits.memory_mb, processes=self.limits.processes, disk_mb=self.limits.disk_mb,
                 cache=self.cache)
             self._sandbox.open()
@@ -364,10 +128,10 @@ class Runner:
                   "cut_network": self.mechanism.name != "none" and self.mechanism.seccomp}
         # The config names the submission's folders: through a pipe, not the command line anyone may read.
         threading.Thread(target=_write_all, args=(config_w, json.dumps(config).encode()), daemon=True).start()
-        argv = [sys.executable, "-m", "grader.worker", str(to_worker_r), str(from_worker_w), str(config_r)]
+        argv = [sys.executable, "-m", "grader.isolation.child", str(to_worker_r), str(from_worker_w), str(config_r)]
         try:
             self._proc = subprocess.Popen(
-                self._sandbox.command(argv), cwd=sandbox.ROOT if self.mechanism.name != "bubblewrap" else "/",
+                self._sandbox.command(argv), cwd=ROOT if self.mechanism.name != "bubblewrap" else "/",
                 env=self._sandbox.env(), stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
                 pass_fds=(to_worker_r, from_worker_w, config_r), start_new_session=True, umask=self._sandbox.umask)
         finally:
@@ -391,7 +155,7 @@ class Runner:
             self._end_worker()
             raise ImportFailed("Misbehaved", "the worker sent the grader a message it did not ask for while the "
                                              "stage file was imported: stage code must not write to the worker's pipes")
-        self.description = wire.cut(rest[0], _NAME_CAP)
+        self.description = wire.cut(rest[0], NAME_CAP)
 
     def _drain_output(self, log_r: int, proc) -> None:
         """Copy what the worker prints into the log, up to the cap; past it, stop the worker."""
@@ -539,7 +303,7 @@ class Runner:
         meanwhile (or before) was not asked for: learner code writing to the pipe.  Left there, such
         frames would fill the pipe until the worker waits to write while the grader waits to send."""
         fd_in, fd_out = self._conn.fds
-        parts = [memoryview(_FRAME.pack(len(data))), memoryview(data)]
+        parts = [memoryview(FRAME.pack(len(data))), memoryview(data)]
         last = time.monotonic()
         while parts:
             left = deadline - time.monotonic()
@@ -561,7 +325,7 @@ class Runner:
                                      "worker's pipes; the worker was stopped")
             if writable:
                 try:
-                    sent = os.write(fd_out, parts[0][:_CHUNK])
+                    sent = os.write(fd_out, parts[0][:CHUNK])
                 except BlockingIOError:
                     sent = 0
                 except OSError:              # a broken pipe: the worker has ended
@@ -584,7 +348,7 @@ class Runner:
             readable, _ = self._conn.wait(min(left, _POLL), write=False)
             if readable:
                 try:
-                    got = os.readv(fd_in, [view[pos:pos + _CHUNK]])
+                    got = os.readv(fd_in, [view[pos:pos + CHUNK]])
                 except BlockingIOError:
                     got = None
                 if got == 0:
@@ -595,7 +359,7 @@ class Runner:
 
     def _receive(self, deadline: float, timeout: float, cap: int, *, phase: str = "the call") -> bytearray:
         """The body of the worker's next frame; one longer than ``cap`` bytes is never read."""
-        (n,) = _FRAME.unpack(self._read(_FRAME.size, deadline, timeout, phase, started=False))
+        (n,) = FRAME.unpack(self._read(FRAME.size, deadline, timeout, phase, started=False))
         if n > cap:
             self._end_worker()
             raise WorkerDied(f"returned a result of {n / 2**20:.0f} MiB, more than the {cap / 2**20:.0f} MiB the "
@@ -630,31 +394,13 @@ class Runner:
             self.last_call = (fn_name, describe_value(rest[0]))
             return rest[0]
         if kind == "misbehaved":
-            raise Misbehaved(wire.cut(rest[0], _MESSAGE_CAP))
+            raise Misbehaved(wire.cut(rest[0], MESSAGE_CAP))
         raise LearnerError(*_capped(*rest))
-
-
-def describe_value(value) -> str:
-    """What a learner function returned, in a few words: "a tuple of 3 (tensor (2, 4, 8) float32, ...)".
-
-    It looks two levels deep and at four items of each, whatever the value holds."""
-    import torch
-
-    def one(v) -> str:
-        if isinstance(v, torch.Tensor):
-            return f"tensor {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}"
-        if isinstance(v, (tuple, list)):
-            return f"a {wire.cut(type(v).__name__, 40)} of {len(v)}"
-        return "None" if v is None else f"a {wire.cut(type(v).__name__, 40)}"
-    if isinstance(value, (tuple, list)):
-        inner = ", ".join(one(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
-        return f"{one(value)} ({inner})"
-    return one(value)
 
 
 def _capped(type_name: str, message: str, tb: str) -> tuple[str, str, str]:
     """An error's strings as the worker sent them, each cut to what a record keeps (the end of a traceback)."""
-    return wire.cut(type_name, _NAME_CAP), wire.cut(message, _MESSAGE_CAP), tb[-_TRACEBACK_CAP:]
+    return wire.cut(type_name, NAME_CAP), wire.cut(message, MESSAGE_CAP), tb[-TRACEBACK_CAP:]
 
 
 def _tensor_bytes(obj) -> int:
@@ -730,17 +476,3 @@ def _write_all(fd: int, data: bytes) -> None:
             f.write(data)
     except OSError:
         pass
-
-
-def _child_main(argv: list[str]) -> None:
-    """``python -m grader.worker FD_IN FD_OUT FD_CONFIG``: the worker, as the sandbox starts it."""
-    with open(int(argv[2]), "rb") as f:
-        fd_in, fd_out, config = int(argv[0]), int(argv[1]), json.loads(f.read())
-    limits = Limits(**config["limits"])
-    _worker_main(_Pipes(fd_in, fd_out), config["stage"], config["source"], limits, config["parent_pid"],
-                 tuple(config["private"]), tuple(config["protected"]), own_uid=config["own_uid"],
-                 cut_network=config.get("cut_network", False))
-
-
-if __name__ == "__main__":
-    _child_main(sys.argv[1:])

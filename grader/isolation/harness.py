@@ -6,11 +6,12 @@ helper, with the keyword ``_harness``::
 
     ctx.learner.attention(q, k, v, do, causal=True, _harness="gradients")
 
-and the worker (grader/worker.py) calls ``gradients(stage.attention, q, k, v, do, causal=True)``.
-The grader thus records ``attention`` as the learner code the check ran (an unfilled TODO it
-reaches makes the check ``todo``), and the stage file holds only what the learner writes.  The
-notebooks call the same helpers directly, ``harness.backward_visits(stage.flash_attention_backward,
-q, k, v)``.  The worker can read this file (grader/sandbox.py lists it), not the checks.
+and the worker (grader/isolation/child.py) calls ``gradients(stage.attention, q, k, v, do,
+causal=True)``.  The grader thus records ``attention`` as the learner code the check ran (an
+unfilled TODO it reaches makes the check ``todo``), and the stage file holds only what the learner
+writes.  The notebooks call the same helpers directly, ``harness.backward_visits(
+stage.flash_attention_backward, q, k, v)``.  The worker can read this file, as it can the rest of
+grader/isolation/, but not the checks.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def opcheck(op, *args, grad: bool = True):
     mismatch; returns the names of the tests passed."""
     args = tuple(a.detach().requires_grad_(grad) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                  for a in args)
-    from grader import guard
+    from grader.isolation import guard
     with guard.plain_allocations():
         return sorted(torch.library.opcheck(op, args))
 

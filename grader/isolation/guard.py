@@ -32,9 +32,9 @@ stageN --sanitize`` runs compute-sanitizer, which sees every such access, on a G
 
 None of this is the isolation boundary: code that makes raw system calls (ctypes, a compiled
 extension) or opens files relative to a directory descriptor (``dir_fd=``) gets past an audit
-hook.  The boundary is the operating system's: grader/sandbox.py starts the worker where the
-answer keys are not there to read.  What stays here are early, friendly messages, and the checks
-on inputs and outputs above.
+hook.  The boundary is the operating system's: the sandbox (grader/isolation/sandbox.py) starts
+the worker where the answer keys are not there to read.  What stays here are early, friendly
+messages, and the checks on inputs and outputs above.
 """
 
 from __future__ import annotations
@@ -289,9 +289,9 @@ _INSTALLED: list = []       # poisoned_allocations' installers, innermost last
 def plain_allocations():
     """Inside ``poisoned_allocations``: torch's own allocators for a while, then the poisoned ones again.
 
-    For ``torch.library.opcheck`` (grader/harness.py), which compares an operator's outputs with its
-    fake implementation's, storage offsets included: an output inside a canary buffer is a view at an
-    offset, and every operator would fail that comparison.
+    For ``torch.library.opcheck`` (grader/isolation/harness.py), which compares an operator's outputs
+    with its fake implementation's, storage offsets included: an output inside a canary buffer is a
+    view at an offset, and every operator would fail that comparison.
     """
     if not _INSTALLED:
         yield
