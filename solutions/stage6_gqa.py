@@ -92,8 +92,9 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, sm_scale=sm_scale, head_dims=HEAD_DIMS)
     # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
-    kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
-                                                             block_n=block_n, return_visits=return_visits)
+    kernel, config, o, lse, visits, qk_scale = _launch_setup(_flash_forward_kernel, q, Nk, sm_scale=sm_scale,
+                                                             block_m=block_m, block_n=block_n,
+                                                             return_visits=return_visits)
     def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 

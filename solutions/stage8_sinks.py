@@ -234,8 +234,9 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                                       sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
-    kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
-                                                             block_n=block_n, return_visits=return_visits)
+    kernel, config, o, lse, visits, qk_scale = _launch_setup(_flash_forward_kernel, q, Nk, sm_scale=sm_scale,
+                                                             block_m=block_m, block_n=block_n,
+                                                             return_visits=return_visits)
     def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 
