@@ -38,6 +38,7 @@ from pathlib import Path
 from grader import COMMAND, stages
 from grader.publishing import edition, publish, release
 from kernels.loader import ROOT
+from kernels.solution_file import MANIFEST, manifest_text, sha
 
 TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", "workbook", ".gitignore")
 CODE_DIRS = ("kernels", "grader", "constraints")
@@ -111,9 +112,9 @@ def collect(shipped: list, *, autograder: list[str] | None = None, published: li
         for name in stage.files():
             text = rendered[name]
             wanted[f"stages/{name}"] = text.encode()
-            manifest[name] = release._sha(text)
+            manifest[name] = sha(text)
         wanted[f"notebooks/{stage.notebook}"] = edition.cleared((ROOT / "notebooks" / stage.notebook).read_bytes())
-    wanted[f"stages/{release.MANIFEST}"] = release.manifest_text(manifest).encode()
+    wanted[f"stages/{MANIFEST}"] = manifest_text(manifest).encode()
     wanted["README.md"] = learner_readme(shipped).encode()
     for name in published:
         wanted.update(publish.files_of(stages.find(name)))

@@ -36,6 +36,7 @@ from pathlib import Path
 from grader import files
 from grader.publishing import release
 from kernels.loader import ROOT
+from kernels.solution_file import is_marker, sha, solution_blocks
 
 MANIFEST = "edition.json"
 NEW = ".new"
@@ -49,10 +50,6 @@ PLACEHOLDER = "YOUR-ORG/flash-attention-workbook"
 
 class EditionError(RuntimeError):
     """An edition cannot be written as asked; the message says why and what to do."""
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # -- versions -------------------------------------------------------------------------------------
@@ -83,7 +80,7 @@ def content_digest(wanted: dict[str, bytes]) -> str:
     """A short digest of what an edition holds: it tells two releases from uncommitted changes apart."""
     digest = hashlib.sha256()
     for rel in sorted(wanted):
-        digest.update(f"{rel}\0{_sha(wanted[rel])}\n".encode())
+        digest.update(f"{rel}\0{sha(wanted[rel])}\n".encode())
     return digest.hexdigest()[:8]
 
 
@@ -159,10 +156,10 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
         except files.UnsafeFile:
             current = b"\0<not a plain file>"
         if current == data:
-            recorded[rel] = _sha(data)
+            recorded[rel] = sha(data)
             _keep_base(dest, rel, data)
             continue
-        if current is not None and recorded.get(rel) == _sha(data):
+        if current is not None and recorded.get(rel) == sha(data):
             if not files.plain_file(dest / (rel + NEW)):        # (while a .new waits, its ancestor stays)
                 _keep_base(dest, rel, data)
             continue           # changed by the learner, unchanged in the edition: nothing to say
@@ -170,7 +167,7 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
             _put(target, data, rel)
             _keep_base(dest, rel, data)
             changes.append(f"added    {rel}")
-        elif recorded.get(rel) == _sha(current):
+        elif recorded.get(rel) == sha(current):
             _put(target, data, rel)
             _keep_base(dest, rel, data)
             changes.append(f"updated  {rel}")
@@ -182,11 +179,11 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
             if existing != data:
                 _put(beside, data, rel)
             changes.append(f"kept     {rel}: it has your changes; the new version is {rel + NEW}")
-        recorded[rel] = _sha(data)
+        recorded[rel] = sha(data)
     for rel in sorted(set(recorded) - set(wanted)) if remove_missing else []:
         target = dest / rel
         current = files.read_plain(target) if files.plain_file(target) else None
-        if current is not None and _sha(current) == recorded[rel]:
+        if current is not None and sha(current) == recorded[rel]:
             target.unlink()
             _check_base(dest, rel, None)
             changes.append(f"removed  {rel}")
@@ -215,15 +212,15 @@ def _keep_base(dest: Path, rel: str, data: bytes) -> None:
     _put(base, data, rel)
 
 
-def _check_base(dest: Path, rel: str, sha: str | None) -> None:
-    """Remove the recorded base of ``rel`` unless it is the version whose SHA-256 is ``sha``: a merge
+def _check_base(dest: Path, rel: str, digest: str | None) -> None:
+    """Remove the recorded base of ``rel`` unless it is the version whose SHA-256 is ``digest``: a merge
     with a wrong ancestor would silently undo changes, so without the right one it shows a diff instead."""
     base = dest / BASE / rel
     try:
         data = files.read_plain(base, limit=1 << 30)
     except files.UnsafeFile:
         data = b""
-    if data is not None and (sha is None or _sha(data) != sha):
+    if data is not None and (digest is None or sha(data) != digest):
         base.unlink()
 
 
@@ -247,20 +244,6 @@ def _put(target: Path, data: bytes, rel: str) -> None:
 def _significant(line: str) -> str | None:
     s = line.strip()
     return s if len(s) >= 10 and not s.startswith(("#", "//")) else None
-
-
-def solution_blocks(text: str) -> list[list[str]]:
-    """The code between the solution markers of a solution file, block by block."""
-    found, current = [], None
-    for line in text.splitlines():
-        if release._BEGIN.match(line):
-            current = []
-        elif release._END.match(line):
-            found.append(current or [])
-            current = None
-        elif current is not None:
-            current.append(line)
-    return found
 
 
 def answer_keys(solutions: Path = ROOT / "solutions") -> dict[int, list[set[str]]]:
@@ -303,8 +286,8 @@ def audit(contents: dict[str, bytes], allowed: set[int], keys: dict[int, list[se
         if Path(rel).suffix not in (".py", ".cu", ".ipynb", ".md", ".json", ".txt", ".sh", ""):
             continue
         text = "\n".join(_lines(rel, contents[rel]))
-        if parts[0] != "grader" and any(release._BEGIN.match(ln) or release._END.match(ln) for ln in text.splitlines()):
-            problems.append(f"{rel}: holds a solution block")   # (grader/publishing/release.py documents the markers)
+        if parts[0] != "grader" and any(map(is_marker, text.splitlines())):
+            problems.append(f"{rel}: holds a solution block")   # (kernels/solution_file.py: the markers)
         leaked = sorted(answers_in(text, keys) - allowed)
         if leaked:
             problems.append(f"{rel}: holds the answers of " + ", ".join(f"stage{n}" for n in leaked)

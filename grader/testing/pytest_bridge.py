@@ -23,9 +23,8 @@ import pytest
 from grader import stages
 from grader.check import session_seed
 from grader.grade import _snapshot, run_check
-from grader.publishing import release
 from grader.worker import ImportFailed, Runner
-from kernels import loader
+from kernels import loader, solution_file
 
 def pytest_addoption(parser):
     parser.addoption("--source", default=None,
@@ -71,7 +70,7 @@ def stage_tests(name: str):
     def test_check(check):
         source = os.environ.get(loader.ENV_VAR, "stages")
         path = loader.source_dir(source) / f"{stage.module}.py"
-        if source != "solutions" and release.is_untouched(path):
+        if source != "solutions" and solution_file.is_untouched(path):
             pytest.skip(f"{stage.name} not started: {path.name} is as released")
         try:
             result = run_check(check, _runner(stage, source), _SEED)
