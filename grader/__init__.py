@@ -3,11 +3,13 @@
 By role:
 
     grading      check.py, checks/, grade.py, grade_stages.py, progress.py, batch.py, formats.py,
-                 holes.py, locate.py, diagnose.py, notebook.py, sanitize.py, stages.py
+                 holes.py, locate.py, diagnose.py, notebook.py, sanitize.py, stages.py, compare.py
+                 (--compare), edition_info.py (which edition this is); never publishing/
     set-up       doctor.py (what runs on this machine), setup_plan.py (setup.sh's choices)
     isolation    worker.py, wire.py, sandbox.py, guard.py, limits.py, files.py (the worker's modules stay here:
                  the sandbox shows them to the worker by path)
-    publishing/  release, editions, bundles, published solutions, updates
+    publishing/  release, editions, bundles, published solutions, updates (the solution files' grammar
+                 is kernels/solution_file.py, which grading reads too)
     bench/       timing against PyTorch SDPA and FlexAttention, its report and training step
     testing/     wrong solutions, the pytest bridge, the seed sweep
 """

@@ -14,9 +14,8 @@ import json
 import sys
 import time
 
-from grader import COMMAND, stages
+from grader import COMMAND, edition_info, stages
 from grader.grade import StageResult, format_result, grade_stage, score_line
-from grader.publishing import edition
 from kernels import loader, runtime, solution_file
 
 CACHE = loader.ROOT / ".grader-cache" / "progress"
@@ -114,7 +113,7 @@ def main(*, solutions: bool = False, fresh: bool = False) -> int:
 def progress(source: str = "stages", *, use_cache: bool = True, out=None) -> int:
     out = out or sys.stdout
     print(f"Flash Attention Workbook: progress ({source}/) on {runtime.describe()}", file=out, flush=True)
-    print(edition.describe(), file=out, flush=True)
+    print(edition_info.describe(), file=out, flush=True)
     version = _code_version()
     rows, details, ok, cached = [], [], True, 0
     for stage in stages.STAGES:
@@ -133,8 +132,7 @@ def progress(source: str = "stages", *, use_cache: bool = True, out=None) -> int
               f"{COMMAND} stageN grades afresh)", file=out)
     if details:
         print("\n" + "\n\n".join(details), file=out)
-    from grader.publishing import update
-    if note := update.pending_note():
+    if note := edition_info.pending_note():
         print("\n" + note, file=out)
     print("\n" + next_step(rows), file=out)
     return 0 if ok else 1

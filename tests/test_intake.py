@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import batch
+from grader import batch, edition_info
 from grader.grade import grade_stage
 from grader.publishing import bundle, edition, publish, release
 from grader.testing import mutants
@@ -60,7 +60,7 @@ MALFORMED = {"a list": b"[1]", "a string": b'"0.1.0"', "null": b"null", "a numbe
 @pytest.mark.parametrize("kind", sorted(MALFORMED))
 def test_a_malformed_edition_json_is_a_note(tmp_path, kind):
     (tmp_path / "edition.json").write_bytes(MALFORMED[kind])
-    (note,) = edition.version_notes(str(tmp_path))
+    (note,) = edition_info.version_notes(str(tmp_path))
     assert "edition.json is not one an edition writes" in note and "graded all the same" in note
     assert len(note) < 400
     if not MALFORMED[kind].startswith(b"{"):

@@ -10,7 +10,8 @@ import pytest
 
 from grader import holes, stages
 from grader.grade import CheckResult, StageResult
-from grader.publishing import compare, publish
+from grader import compare
+from grader.publishing import publish
 from kernels.solution_file import BEGIN, END, expand_file, label_above, render
 from kernels.loader import ROOT
 

@@ -27,12 +27,12 @@ import json
 import sys
 from pathlib import Path
 
-from grader import stages
+from grader import edition_info, stages
 from grader.publishing import edition, release
 from kernels.loader import ROOT
 from kernels.solution_file import BEGIN, END, expand_file, label_above, sha, strip_markers
 
-FOLDER = "published"
+FOLDER = edition_info.PUBLISHED
 
 
 class PublishError(RuntimeError):
@@ -82,25 +82,6 @@ def _functions(text: str) -> dict[int, str]:
     return owner
 
 
-def callers(text: str) -> dict[str, set[str]]:
-    """Top-level function -> the public functions that call it, directly or through others."""
-    tree = ast.parse(text)
-    calls = {node.name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-             for node in tree.body if isinstance(node, ast.FunctionDef)}
-    reach: dict[str, set[str]] = {}
-    for public in (name for name in calls if not name.startswith("_")):
-        seen, todo = set(), [public]
-        while todo:
-            fn = todo.pop()
-            if fn in seen or fn not in calls:
-                continue
-            seen.add(fn)
-            todo.extend(calls[fn])
-        for fn in seen:
-            reach.setdefault(fn, set()).add(public)
-    return reach
-
-
 def files_of(stage) -> dict[str, bytes]:
     """What publishing ``stage`` adds to an edition (relative path -> bytes)."""
     note = ROOT / "solutions" / "notes" / f"{stage.name}.md"
@@ -122,7 +103,7 @@ def files_of(stage) -> dict[str, bytes]:
 def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
     """Add the reference solutions of ``names`` to the learner's edition in ``dest``."""
     dest = Path(dest).resolve()
-    meta = edition.read(dest)
+    meta = edition_info.read(dest)
     if meta is None or meta.get("kind", "learner") != "learner":
         raise PublishError(f"{dest} holds no learner's edition: make one first with "
                            "python -m grader release --to DIR")
@@ -164,7 +145,7 @@ def as_written(dest: Path, meta: dict) -> dict[str, bytes]:
     learner changed is their own work, which may well hold the answers of a stage not yet published."""
     recorded = meta.get("files", {})
     return {rel: data for rel, data in edition.on_disk(dest, meta).items()
-            if sha(data) == recorded.get(rel.removesuffix(edition.NEW))}
+            if sha(data) == recorded.get(rel.removesuffix(edition_info.NEW))}
 
 
 def main(stage_names: str, *, to: str) -> int:

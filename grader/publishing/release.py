@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -93,32 +92,20 @@ def release(*, force: bool = False, stages: Path | None = None, solutions: Path 
     return kept
 
 
-def main(*, check_only: bool = False, force: bool = False, to: str | None = None, autograder: str | None = None,
-         through: str | None = None, repo: str | None = None) -> int:
-    """``python -m grader release``: regenerate stages/ (keeping edits unless ``force``), only check
-    that it is in sync (``check_only``), or write the learner's edition ``to`` a folder (a Gradescope ``autograder`` for
-    those stages, or stages 1..``through`` only, its notebooks opening on Colab from the GitHub ``repo``).
+def without_solutions() -> bool:
+    """True, after saying so, in a learner's copy of the workbook: it has no solutions/ to release from."""
+    if (ROOT / "solutions").is_dir():
+        return False
+    print("this copy of the workbook has no solutions/ (it is a learner's copy): its stages/ came with it, "
+          "and there is nothing to release")
+    return True
 
-    A new learner's edition needs ``through``: the file of stage N+1 holds stage N's answers as given
-    code, so shipping every stage hands out earlier stages' answers; ``--through stage9`` says that is
-    meant.  An edition updated in place keeps the stages it ships unless told otherwise."""
-    if not (ROOT / "solutions").is_dir():
-        print("this copy of the workbook has no solutions/ (it is a learner's copy): its stages/ came with it, "
-              "and there is nothing to release")
-        return 0
-    if to:
-        from grader.publishing import bundle, edition
-        if not (through or autograder or edition.read(Path(to))):
-            print(f"release --to {to} needs --through stageN: the stages to ship (1..N). Stage N+1's file holds "
-                  "stage N's answers as given code, so an edition of every stage hands out earlier stages' "
-                  "answers; ship a stage once the one before it is due (--through stage9 ships all nine, if "
-                  "that is what you mean).", file=sys.stderr)
-            return 2
-        try:
-            bundle.build(to, autograder=autograder.split(",") if autograder else None, through=through, repo=repo)
-        except (bundle.BundleError, ValueError) as exc:
-            print(exc, file=sys.stderr)
-            return 1
+
+def main(*, check_only: bool = False, force: bool = False) -> int:
+    """``python -m grader release``: regenerate stages/ (keeping edits unless ``force``), or only check
+    that it is in sync (``check_only``).  ``release --to DIR`` writes a learner's edition instead
+    (grader/publishing/bundle.py)."""
+    if without_solutions():
         return 0
     if check_only:
         stale = check()
