@@ -3,11 +3,13 @@
 By role:
 
     grading      check.py, checks/, grade.py, grade_stages.py, progress.py, batch.py, formats.py,
-                 holes.py, locate.py, diagnose/, notebook.py, sanitize.py, stages.py
+                 holes.py, locate.py, diagnose/, notebook.py, sanitize.py, stages.py, compare.py
+                 (--compare), edition_info.py (which edition this is); never publishing/
     set-up       doctor.py (what runs on this machine), setup_plan.py (setup.sh's choices)
     isolation/   the worker, its sandbox and what crosses between them (the sandbox shows the worker
                  that folder and this file, so this file holds constants only and imports nothing)
-    publishing/  release, editions, bundles, published solutions, updates
+    publishing/  release, editions, bundles, published solutions, updates (the solution files' grammar
+                 is kernels/solution_file.py, which grading reads too)
     bench/       timing against PyTorch SDPA and FlexAttention, its report and training step
     testing/     wrong solutions, the pytest bridge, the seed sweep
 """

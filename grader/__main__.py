@@ -358,10 +358,12 @@ def main(argv: list[str] | None = None) -> int:
                                  limits=limits, jobs=args.jobs, argv=argv)
         _pending_note(args)
         return status
+    if command == "release" and args.to:
+        from grader.publishing import bundle
+        return bundle.main(to=args.to, autograder=args.autograder, through=args.through, repo=args.repo)
     if command == "release":
         from grader.publishing import release
-        return release.main(check_only=args.check_only, force=args.force, to=args.to, autograder=args.autograder,
-                            through=args.through, repo=args.repo)
+        return release.main(check_only=args.check_only, force=args.force)
     if command == "publish":
         from grader.publishing import publish
         return publish.main(args.stages, to=args.to)
@@ -370,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.merge:
             return update.merge(args.merge)
         status = update.main(source=args.source)
-        if note := update.pending_note():
+        from grader import edition_info
+        if note := edition_info.pending_note():
             print("\n" + note)
         return status
     if command == "batch":
@@ -403,8 +406,8 @@ def _pending_note(args) -> None:
     """After grading a learner's own stages: the files a newer edition waits to be merged into."""
     if args.format != "table" or args.solutions or args.submission or args.list_checks:
         return
-    from grader.publishing import update
-    if note := update.pending_note():
+    from grader import edition_info
+    if note := edition_info.pending_note():
         print("\n" + note)
 
 

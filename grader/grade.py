@@ -46,9 +46,8 @@ from grader.isolation.mechanism import IsolationError
 from grader.isolation.outcomes import ImportFailed, LearnerError, Misbehaved, WorkerDied
 from grader.isolation.private import private_dir
 from grader.isolation.runner import Runner
-from grader.publishing import release
 from grader.stages import Stage
-from kernels import includes, loader, runtime
+from kernels import loader, runtime, solution_file
 
 PASSING = ("pass",)
 
@@ -132,8 +131,8 @@ def _snapshot(stage: Stage, source: str) -> Path:
     Only plain files are copied, never through a link (files.read_plain); the copy lives in the
     grader's own folder under a name no other worker can list (private_dir), readable by
     the grader alone (a folder of mode 0700, files of 0600): a worker under a uid of its own is
-    given a copy only that uid may read (sandbox.Sandbox).  A file that includes code of an earlier
-    stage is copied expanded (kernels/includes.py): the worker sees nothing but this folder.
+    given a copy only that uid may read (sandbox.Sandbox).  A file that takes given code from an
+    earlier stage is copied expanded (kernels/solution_file.py): the worker sees nothing but this folder.
     """
     src = loader.source_dir(source)
     if os.path.islink(src) or (str(source) not in ("stages", "solutions") and os.path.islink(Path(source))):
@@ -145,8 +144,9 @@ def _snapshot(stage: Stage, source: str) -> Path:
         os.chmod(tmp, 0o700)
         for name in stage.files():
             data = files.read_plain(src / name)
-            if data is not None and name.endswith(".py") and includes.has_includes(data.decode(errors="replace")):
-                data = includes.expand(data.decode(), name, lambda m: _plain_text(src / f"{m}.py")).encode()
+            text = data.decode(errors="replace") if data is not None and name.endswith(".py") else ""
+            if solution_file.has_given_code(text):
+                data = solution_file.expand(data.decode(), name, lambda m: _plain_text(src / f"{m}.py")).encode()
             if data is not None:
                 fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with open(fd, "wb") as f:
@@ -390,7 +390,7 @@ def grade_stage(stage: Stage, source: str = "stages", *, only: list[str] | None 
         return result
     with _cleaned_on_sigterm():
         try:
-            untouched = str(source) != "solutions" and release.is_untouched(path)
+            untouched = str(source) != "solutions" and solution_file.is_untouched(path)
             snapshot = None if untouched else _snapshot(stage, source)
         except files.UnsafeFile as exc:
             result.status = "refused"

@@ -86,7 +86,7 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
         if table:
             print_result(stage, result)
         if compare:
-            from grader.publishing.compare import compare as side_by_side
+            from grader.compare import compare as side_by_side
             from kernels.loader import source_dir
             print("\n" + side_by_side(stage, result, source_dir(source)), flush=True)
         graded.append((stage, result))
@@ -95,10 +95,10 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
         print(f"the grader failed, so nothing was graded: {failed}", file=sys.stderr, flush=True)
     if not table:
         from grader import formats
-        from grader.publishing import edition
-        notes = [f"Graded by {edition.describe()}."] + edition.version_notes(submission)
+        from grader import edition_info
+        notes = [f"Graded by {edition_info.describe()}."] + edition_info.version_notes(submission)
         if failed:     # no score, and for a batch no result: its record says the grading failed, and it retries
-            data = (formats.gradescope_failure(failed, [f"The grader: {edition.describe()}."])
+            data = (formats.gradescope_failure(failed, [f"The grader: {edition_info.describe()}."])
                     if format == "gradescope" else {"error": failed})
         else:
             data = formats.gradescope(graded, notes) if format == "gradescope" else formats.detail(graded)

@@ -25,13 +25,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.publishing import release
-from kernels.includes import expand_file
 from kernels.loader import ROOT
+from kernels.solution_file import BEGIN, END, LABEL, STUB, STUB_MESSAGE, expand_file, render
 
-_LABEL = re.compile(r"TODO(\([^)]*\))?")
 _COMMENT = re.compile(r"^\s*(#|//)")
-_STUB = re.compile(r"^\s*(raise NotImplementedError\(.*\)|pass)\s*$")
 _CUDA_USER = "cuda_build"     # a Python function that builds the .cu reaches the .cu's holes
 
 
@@ -83,17 +80,17 @@ def _signatures(solution: str, released: str) -> list[tuple[str, list[str]]]:
     sol, out_lines = solution.splitlines(), released.splitlines()
     out = []
     for i, line in enumerate(sol):
-        if not release._BEGIN.match(line):
+        if not BEGIN.match(line):
             continue
         j = i                      # the lines right above the hole, up to a blank line
-        while j > 0 and sol[j - 1].strip() and not release._END.match(sol[j - 1]):
+        while j > 0 and sol[j - 1].strip() and not END.match(sol[j - 1]):
             j -= 1
         todo = [t for t in range(j, i) if "TODO" in sol[t] and _COMMENT.match(sol[t])]
         if todo:                   # from its TODO comment (a declaration may sit between the two)
             j = todo[-1]
         else:                      # no TODO: the comment right above it, if any
             j = i
-            while j > 0 and _COMMENT.match(sol[j - 1]) and not release._END.match(sol[j - 1]):
+            while j > 0 and _COMMENT.match(sol[j - 1]) and not END.match(sol[j - 1]):
                 j -= 1
         block = [ln.strip() for ln in sol[j:i]]
         if not block:
@@ -102,20 +99,21 @@ def _signatures(solution: str, released: str) -> list[tuple[str, list[str]]]:
         if at is None:
             continue
         after = [ln.strip() for ln in out_lines[at + len(block):at + len(block) + 2]]
-        label = next((m.group(0) for m in map(_LABEL.search, block) if m), "TODO")
+        label = _label(block)
         out.append((label, block + after))
     return out
 
 
-# A stub's message: "fill in the TODO at line N" as release wrote it before it named the label
-# (the line goes stale), or "TODO(1a) is not written yet".  Either matches either, so a copy
-# released before the change still has its holes found.
-_STUB_TEXT = re.compile(r'(NotImplementedError\("[^"]*?: )(?:fill in the TODO at line \d+|.*? is not written yet)"')
+def _label(lines: list[str]) -> str:
+    """The first TODO label (``TODO(1a)``) in ``lines``, else plain "TODO"."""
+    return next((m.group(0) for m in map(LABEL.search, lines) if m), "TODO")
 
 
 def _norm(line: str) -> str:
-    """A line as compared: stripped, and a stub's message reduced to the file it names."""
-    return _STUB_TEXT.sub(r'\1#"', line.strip())
+    """A line as compared: stripped, and a stub's message reduced to the file it names (either form
+    of the message matches either, so a copy released before stubs named their label still has its
+    holes found)."""
+    return STUB_MESSAGE.sub(r'\1#"', line.strip())
 
 
 def _find(lines: list[str], wanted: list[str]) -> int | None:
@@ -133,7 +131,7 @@ def _released(name: str, solutions: Path) -> list[tuple[str, list[str]]] | None:
     if not path.exists():
         return None
     text = expand_file(path)
-    return _signatures(text, release.render(text, name))
+    return _signatures(text, render(text, name))
 
 
 def unfilled_in(text: str, name: str, *, solutions: Path | None = None) -> list[tuple[str, int]]:
@@ -153,8 +151,8 @@ def unfilled_in(text: str, name: str, *, solutions: Path | None = None) -> list[
             j = i
             while j + 1 < len(lines) and _COMMENT.match(lines[j + 1]):
                 j += 1
-            if j + 1 < len(lines) and _STUB.match(lines[j + 1]):
-                found.append((_LABEL.search(line).group(0), i + 1))
+            if j + 1 < len(lines) and STUB.match(lines[j + 1]):
+                found.append((_label([line]), i + 1))
     return found
 
 

@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 
 from grader import holes
-from grader.publishing.release import LABEL
 from kernels.loader import ROOT
+from kernels.solution_file import LABEL
 
 _RANGE = re.compile(r"TODO\((\d+)([a-z])\) to TODO\(\1([a-z])\)")      # "TODO(2a) to TODO(2c)"
 

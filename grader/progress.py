@@ -14,10 +14,9 @@ import json
 import sys
 import time
 
-from grader import COMMAND, stages
+from grader import COMMAND, edition_info, stages
 from grader.grade import StageResult, format_result, grade_stage, score_line
-from grader.publishing import edition, release
-from kernels import includes, loader, runtime
+from kernels import loader, runtime, solution_file
 
 CACHE = loader.ROOT / ".grader-cache" / "progress"
 
@@ -37,8 +36,8 @@ def _key(stage, source: str, version: str) -> str:
     for name in stage.files():
         path = folder / name
         data = path.read_bytes() if path.exists() else b"<missing>"
-        if b"# include:" in data:      # what runs is the expansion: an earlier stage's edit counts too
-            data = includes.expand_file(path).encode()
+        if solution_file.has_given_code(data.decode(errors="replace")):
+            data = solution_file.expand_file(path).encode()    # what runs: an earlier stage's edit counts too
         digest.update(name.encode() + data)
     return digest.hexdigest()[:32]
 
@@ -77,7 +76,7 @@ def _grade(stage, source: str, version: str, *, use_cache: bool, out) -> tuple[S
     if use_cache and (hit := _cached(key)) is not None:
         return hit, True
     path = loader.source_dir(source) / f"{stage.module}.py"
-    if not path.exists() or (source != "solutions" and release.is_untouched(path)):
+    if not path.exists() or (source != "solutions" and solution_file.is_untouched(path)):
         return grade_stage(stage, source), False          # not started: nothing runs
     checks = stage.checks()
     start = time.monotonic()
@@ -114,7 +113,7 @@ def main(*, solutions: bool = False, fresh: bool = False) -> int:
 def progress(source: str = "stages", *, use_cache: bool = True, out=None) -> int:
     out = out or sys.stdout
     print(f"Flash Attention Workbook: progress ({source}/) on {runtime.describe()}", file=out, flush=True)
-    print(edition.describe(), file=out, flush=True)
+    print(edition_info.describe(), file=out, flush=True)
     version = _code_version()
     rows, details, ok, cached = [], [], True, 0
     for stage in stages.STAGES:
@@ -133,8 +132,7 @@ def progress(source: str = "stages", *, use_cache: bool = True, out=None) -> int
               f"{COMMAND} stageN grades afresh)", file=out)
     if details:
         print("\n" + "\n\n".join(details), file=out)
-    from grader.publishing import update
-    if note := update.pending_note():
+    if note := edition_info.pending_note():
         print("\n" + note, file=out)
     print("\n" + next_step(rows), file=out)
     return 0 if ok else 1

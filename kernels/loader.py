@@ -11,9 +11,11 @@ module.  Which copy is loaded is chosen by ``source``, else by the environment v
 Modules are loaded from their file path under a name of their own, so a learner's stage 3
 and the solution's stage 3 can both be loaded in one process without clashing.  A package of
 the instructors' (``solutions/attention_op/``) is imported by ``load_package`` instead, once per
-process, under the dotted name of its folder.  A solution file
-that includes code of an earlier stage (kernels/includes.py) runs expanded: the code it runs,
-tracebacks and Triton's view of its kernels all come from the expanded text.
+process, under the dotted name of its folder.  A solution file that takes given code from an
+earlier stage runs expanded (kernels/solution_file.py), as the learner's file and the grader's
+snapshot do: the code it runs, tracebacks and Triton's view of its kernels all come from the
+expanded text.  (Imported as ``solutions.stage6_gqa``, the same file runs as the plain Python it
+is, and means the same.)
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+
+from kernels import solution_file
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_VAR = "WORKBOOK_SOURCE"
@@ -66,11 +70,10 @@ def load_file(path: str | os.PathLike) -> ModuleType:
     and content): Triton's compiler looks a kernel's globals up through ``sys.modules``."""
     from kernels import runtime  # (decides TRITON_INTERPRET before the file imports triton)
 
-    from kernels import includes
-
     path = Path(path)
     data = path.read_bytes()
-    expanded = includes.expand_file(path) if includes.has_includes(data.decode(errors="replace")) else None
+    given = solution_file.has_given_code(data.decode(errors="replace"))
+    expanded = solution_file.expand_file(path) if given else None
     digest = hashlib.sha1(str(path).encode() + (expanded.encode() if expanded else data)).hexdigest()[:12]
     mod_name = f"workbook_{path.parent.name}_{path.stem}_{digest}"
     if mod_name in sys.modules:

@@ -50,7 +50,7 @@ import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET
 import triton.language as tl  # noqa: E402
 
 # Constants of stage 3: LOG2E for the wrapper, LN2 for kernels, the head dims the kernels take.
-# include: stage3_flash_forward.LOG2E, stage3_flash_forward.LN2, stage3_flash_forward.HEAD_DIMS
+from solutions.stage3_flash_forward import LOG2E, LN2, HEAD_DIMS  # given
 
 
 @triton.jit
@@ -248,15 +248,16 @@ def _flash_forward_kernel(
                  CAUSAL=CAUSAL, COUNT_VISITS=COUNT_VISITS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
-def _launch_setup(q, Nk, *, sm_scale, block_m, block_n, return_visits):
+def _launch_setup(kernel, q, Nk, *, sm_scale, block_m, block_n, return_visits):
     """What every launch of the forward needs: the kernel and its tile (timed by the autotuner on
-    a GPU for long sequences, else fixed: kernels/tuning.py), the outputs and qk_scale."""
+    a GPU for long sequences, else fixed: kernels/tuning.py), the outputs and qk_scale.  ``kernel``
+    is the stage's own forward kernel: each later stage passes the one it wrote."""
     runtime.check_dtype(q.dtype)
     B, Hq, Nq, D = q.shape
     head_dim_pad = triton.next_power_of_2(D)
     block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
-    kernel, tile = tuning.plan(_flash_forward_kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
+    kernel, tile = tuning.plan(kernel, tuning.FORWARD_TILES, head_dim_pad, Nq, Nk,
                                interpreter_tile=tuning.FORWARD_INTERPRETER_TILE, block_m=block_m,
                                block_n=block_n, counting=return_visits)
     o = torch.empty_like(q)                                                  # (B, Hq, Nq, D)
@@ -296,8 +297,9 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
                                                       head_dims=HEAD_DIMS)
     if Hq != Hkv:
         raise ValueError(f"q has {Hq} heads and k/v have {Hkv}; stage 5 expects the same number of heads")
-    kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
-                                                             block_n=block_n, return_visits=return_visits)
+    kernel, config, o, lse, visits, qk_scale = _launch_setup(_flash_forward_kernel, q, Nk, sm_scale=sm_scale,
+                                                             block_m=block_m, block_n=block_n,
+                                                             return_visits=return_visits)
     def grid(meta):                 # one program per (query block, batch x head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 

@@ -38,16 +38,15 @@ from kernels import runtime, tuning, validate
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 
-# include: stage3_flash_forward.LOG2E, stage3_flash_forward.LN2, stage3_flash_forward.HEAD_DIMS
+from solutions.stage3_flash_forward import LOG2E, LN2, HEAD_DIMS  # given
 
 # Stage 5's helpers, unchanged: the visibility rule, one key block's scores, the NaN-safe update,
 # the loop over a range of key blocks, the ranges themselves, the final store, and a program's
 # work from pointers to its heads (stage 3's set-up, the ranges, the loops, the store).
-# include: stage5_causal._visible, stage5_causal._scores, stage5_causal._softmax_update
-# include: stage5_causal._attend_blocks, stage5_causal._key_blocks, stage5_causal._finish
-# include: stage5_causal._query_rows, stage5_causal._load_query_tile, stage5_causal._empty_state
-# include: stage5_causal._store_tile
-# include: stage5_causal._attend_tile
+from solutions.stage5_causal import (  # given
+    _visible, _scores, _softmax_update, _attend_blocks, _key_blocks, _finish, _query_rows, _load_query_tile,
+    _empty_state, _store_tile, _attend_tile,
+)
 
 
 @tuning.autotune(tuning.FORWARD_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "GROUP"])
@@ -76,7 +75,7 @@ def _flash_forward_kernel(
                  CAUSAL=CAUSAL, COUNT_VISITS=COUNT_VISITS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM_PAD=HEAD_DIM_PAD)
 
 
-# include: stage5_causal._launch_setup
+from solutions.stage5_causal import _launch_setup  # given
 
 
 def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = None,
@@ -106,8 +105,9 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, sm_scale=sm_scale, head_dims=HEAD_DIMS)
     # (attention_inputs has already refused Hq % Hkv != 0, with a ValueError that says why)
-    kernel, config, o, lse, visits, qk_scale = _launch_setup(q, Nk, sm_scale=sm_scale, block_m=block_m,
-                                                             block_n=block_n, return_visits=return_visits)
+    kernel, config, o, lse, visits, qk_scale = _launch_setup(_flash_forward_kernel, q, Nk, sm_scale=sm_scale,
+                                                             block_m=block_m, block_n=block_n,
+                                                             return_visits=return_visits)
     def grid(meta):                 # one program per (query block, batch x query head); meta holds the tile
         return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq
 

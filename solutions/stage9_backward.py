@@ -58,15 +58,19 @@ import triton.language as tl  # noqa: E402
 # Its helpers are the backward's too: the whole visibility rule (_attention_mask, from _visible,
 # _in_window and the sink tokens) and every range of key blocks (_key_ranges, from _key_blocks,
 # _window_blocks and _sink_blocks).
-# include: stage3_flash_forward.LOG2E, stage3_flash_forward.LN2, stage3_flash_forward.HEAD_DIMS
-# include: stage5_causal._visible, stage7_sliding_window._in_window, stage8_sinks._attention_mask
-# include: stage5_causal._scores, stage5_causal._softmax_update, stage8_sinks._attend_blocks
-# include: stage5_causal._key_blocks, stage7_sliding_window._window_blocks, stage8_sinks._sink_blocks
-# include: stage8_sinks._key_ranges, stage5_causal._finish
-# include: stage5_causal._query_rows, stage5_causal._load_query_tile, stage5_causal._empty_state
-# include: stage5_causal._store_tile
-# include: stage8_sinks._attend_tile
-# include: stage8_sinks._flash_forward_kernel, stage5_causal._launch_setup, stage8_sinks.flash_attention
+from solutions.stage3_flash_forward import LOG2E, LN2, HEAD_DIMS  # given
+from solutions.stage5_causal import _visible  # given
+from solutions.stage7_sliding_window import _in_window  # given
+from solutions.stage8_sinks import _attention_mask  # given
+from solutions.stage5_causal import _scores, _softmax_update  # given
+from solutions.stage8_sinks import _attend_blocks  # given
+from solutions.stage5_causal import _key_blocks  # given
+from solutions.stage7_sliding_window import _window_blocks  # given
+from solutions.stage8_sinks import _sink_blocks, _key_ranges  # given
+from solutions.stage5_causal import _finish, _query_rows, _load_query_tile, _empty_state, _store_tile  # given
+from solutions.stage8_sinks import _attend_tile, _flash_forward_kernel  # given
+from solutions.stage5_causal import _launch_setup  # given
+from solutions.stage8_sinks import flash_attention  # given
 
 
 # =============================================================================================

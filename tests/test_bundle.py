@@ -12,6 +12,7 @@ import pytest
 from grader import formats, stages
 from grader.grade import format_result, grade_stage
 from grader.publishing import bundle, edition, release
+from kernels import solution_file
 from grader.testing import mutants
 from kernels.loader import ROOT
 
@@ -72,7 +73,7 @@ def test_a_bundle_that_would_leak_is_refused(tmp_path):
     solution = (ROOT / "solutions" / FILE).read_text()
     contents = {"notebooks/x.ipynb": json.dumps({"cells": [{"source": ["# BEGIN SOLUTION\n", "x = 1\n"]}]}).encode(),
                 "README.md": f"try {HIDDEN[0].name}".encode(),
-                "docs/answers.py": release.render(solution, FILE).encode() + b"\n" + solution.encode(),
+                "docs/answers.py": solution_file.render(solution, FILE).encode() + b"\n" + solution.encode(),
                 "tests/wrong/stage1.py": b"", "extra/solutions/a.py": b""}
     problems = edition.audit(contents, set(), edition.answer_keys(), {HIDDEN[0].name})
     assert any("solution block" in p for p in problems) and any("hidden" in p for p in problems)

@@ -13,7 +13,8 @@ import pytest
 
 from grader import stages
 from grader.grade import CheckResult, StageResult
-from grader.publishing import bundle, compare, edition, publish, release
+from grader import compare
+from grader.publishing import bundle, edition, publish, release
 from kernels.loader import ROOT
 
 quiet = lambda *_: None  # noqa: E731

@@ -9,6 +9,8 @@ import pytest
 
 from grader.isolation import files, private
 from grader.publishing import release
+from kernels import solution_file
+from kernels.loader import ROOT
 
 
 def test_plain_files_are_read_and_nothing_else(tmp_path):
@@ -33,7 +35,7 @@ def test_plain_files_are_read_and_nothing_else(tmp_path):
 def _solutions_copy(tmp_path):
     solutions = tmp_path / "solutions"
     solutions.mkdir()
-    src = release.ROOT / "solutions" / "stage1_online_softmax.py"
+    src = ROOT / "solutions" / "stage1_online_softmax.py"
     (solutions / src.name).write_bytes(src.read_bytes())
     return solutions, src.name
 
@@ -59,7 +61,7 @@ def test_release_survives_fifos_and_undecodable_files(tmp_path):
         target = tmp_path / "learner" / name
         target.parent.mkdir(exist_ok=True)
         target.write_bytes(data)
-        assert release.is_untouched(target, solutions) is False
+        assert solution_file.is_untouched(target, solutions) is False
 
 
 def test_forced_releases_never_overwrite_a_backup(tmp_path):

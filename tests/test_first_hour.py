@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import COMMAND, stages
+from grader import COMMAND, edition_info, stages
 from grader.__main__ import main
 from grader.grade import CheckResult, StageResult
 from grader.publishing import bundle, edition, publish, release, update
@@ -150,7 +150,7 @@ def test_the_tests_an_edition_ships_pass_in_it(through3):
 
 def test_a_new_edition_needs_through(tmp_path, capsys):
     dest = tmp_path / "course"
-    assert release.main(to=str(dest)) == 2
+    assert bundle.main(to=str(dest)) == 2
     assert "--through stageN" in capsys.readouterr().err
     assert not dest.exists()
 
@@ -186,9 +186,9 @@ def test_an_editions_version_changes_with_what_it_holds(tmp_path, monkeypatch):
     assert edition.read(dest)["version"] != before
     clean = {"version": "0.1.0+abcdef123456", "commit": "abcdef1234567890"}
     dirty = {"version": "0.1.0+abcdef123456", "commit": "abcdef1234567890+changes"}
-    monkeypatch.setattr(edition, "source_version", lambda *_: clean)
+    monkeypatch.setattr(edition_info, "source_version", lambda *_: clean)
     v_clean = edition.read(bundle.build(tmp_path / "clean", through="stage1", log=quiet))["version"]
-    monkeypatch.setattr(edition, "source_version", lambda *_: dirty)
+    monkeypatch.setattr(edition_info, "source_version", lambda *_: dirty)
     v_dirty = edition.read(bundle.build(tmp_path / "dirty", through="stage1", log=quiet))["version"]
     original = release.rendered
     monkeypatch.setattr(release, "rendered", lambda *a: {k: v + "# changed\n" for k, v in original(*a).items()})
@@ -215,13 +215,13 @@ def _copy_with_a_new(tmp_path: Path, mine: str, new: str) -> Path:
 def test_update_merge_takes_the_new_version_in_and_keeps_the_learners_changes(tmp_path):
     mine = V1.replace("return 3", "return 30")
     dest = _copy_with_a_new(tmp_path, mine, V1.replace("return 1", "return 10"))
-    assert edition.pending(dest) == ["stages/s.py"]
-    assert f"{COMMAND} update --merge stages/s.py" in update.pending_note(dest)
+    assert edition_info.pending(dest) == ["stages/s.py"]
+    assert f"{COMMAND} update --merge stages/s.py" in edition_info.pending_note(dest)
     lines: list[str] = []
     assert update.merge(str(dest / "stages" / "s.py"), root=dest, out=lines.append) == 0, lines
     merged = (dest / "stages" / "s.py").read_text()
     assert "return 10" in merged and "return 30" in merged and "return 2\n" in merged
-    assert not (dest / "stages" / "s.py.new").exists() and update.pending_note(dest) == ""
+    assert not (dest / "stages" / "s.py.new").exists() and edition_info.pending_note(dest) == ""
     backups = list((dest / ".edition" / "backup" / "stages").iterdir())
     assert [b.read_text() for b in backups] == [mine]
     # a later edition: the merge starts from the version the last merge took in, and keeps both backups

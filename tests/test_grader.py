@@ -9,6 +9,7 @@ from grader import stages
 from grader.grade import grade_stage
 from grader.publishing import release
 from grader.testing.mutants import copy_solution
+from kernels import solution_file
 from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")
@@ -27,14 +28,14 @@ def test_render_replaces_solution_blocks_and_keeps_todos():
     text = "def f():\n    # TODO: add\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n" \
            "# BEGIN SOLUTION stub=\nprint('demo')\n# END SOLUTION\n" \
            "    # BEGIN SOLUTION stub=pass\n    x = 1\n    # END SOLUTION\n"
-    out = release.render(text, "s.py")
+    out = solution_file.render(text, "s.py")
     assert "# TODO: add" in out and "return 1" not in out and "demo" not in out
     assert 'raise NotImplementedError("s.py: the TODO above is not written yet")' in out
-    labelled = release.render("def f():\n    # TODO(1a): add\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n", "s.py")
+    labelled = solution_file.render("def f():\n    # TODO(1a): add\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n", "s.py")
     assert 'raise NotImplementedError("s.py: TODO(1a) is not written yet")' in labelled
     assert out.rstrip().endswith("    pass")
-    with pytest.raises(release.MarkerError, match="never closed"):
-        release.render("# BEGIN SOLUTION\nx\n", "s.py")
+    with pytest.raises(solution_file.MarkerError, match="never closed"):
+        solution_file.render("# BEGIN SOLUTION\nx\n", "s.py")
 
 
 def test_release_keeps_learner_edits_and_force_keeps_a_backup(tmp_path):

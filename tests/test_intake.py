@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from grader import batch
+from grader import batch, edition_info
 from grader.grade import grade_stage
 from grader.publishing import bundle, edition, publish, release
 from grader.testing import mutants
-from kernels.includes import expand_file
+from kernels.solution_file import expand_file, strip_markers
 from kernels.loader import ROOT
 from tests.test_batch import FILE, SOLUTION, STAGE1
 from tests.test_bundle import quiet
@@ -60,7 +60,7 @@ MALFORMED = {"a list": b"[1]", "a string": b'"0.1.0"', "null": b"null", "a numbe
 @pytest.mark.parametrize("kind", sorted(MALFORMED))
 def test_a_malformed_edition_json_is_a_note(tmp_path, kind):
     (tmp_path / "edition.json").write_bytes(MALFORMED[kind])
-    (note,) = edition.version_notes(str(tmp_path))
+    (note,) = edition_info.version_notes(str(tmp_path))
     assert "edition.json is not one an edition writes" in note and "graded all the same" in note
     assert len(note) < 400
     if not MALFORMED[kind].startswith(b"{"):
@@ -148,7 +148,7 @@ def test_a_grader_failure_on_gradescope_is_no_score(autograder, tmp_path):
 # -- publishing into a working copy ---------------------------------------------------------------
 def test_publishing_into_a_working_copy_with_a_solved_hole(through3, tmp_path):  # noqa: F811
     dest = _copy(through3, tmp_path / "edition")
-    solved = publish.strip_markers(expand_file(ROOT / "solutions" / f"{S2.module}.py"))   # the learner's answer
+    solved = strip_markers(expand_file(ROOT / "solutions" / f"{S2.module}.py"))   # the learner's answer
     (dest / "stages" / f"{S2.module}.py").write_text(solved)
     (dest / "published").mkdir()
     (dest / "published" / f"{S1.name}.md").write_text("my own notes on stage 1\n")
@@ -161,7 +161,7 @@ def test_publishing_into_a_working_copy_with_a_solved_hole(through3, tmp_path): 
     assert (dest / "published" / f"{S1.module}.py").exists()
     # What the edition wrote is searched as before: a file it wrote (its SHA-256 in edition.json) that
     # holds stage 3's answers, not published, is refused.
-    leak = publish.strip_markers(expand_file(ROOT / "solutions" / f"{S3.module}.py")).encode()
+    leak = strip_markers(expand_file(ROOT / "solutions" / f"{S3.module}.py")).encode()
     meta = json.loads((dest / "edition.json").read_text())
     meta["files"]["tests/given.py"] = hashlib.sha256(leak).hexdigest()
     (dest / "edition.json").write_text(json.dumps(meta))

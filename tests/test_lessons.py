@@ -10,8 +10,9 @@ import pytest
 
 from grader import holes, stages
 from grader.grade import CheckResult, StageResult
-from grader.publishing import compare, publish, release
-from kernels.includes import expand_file
+from grader import compare
+from grader.publishing import publish
+from kernels.solution_file import BEGIN, END, expand_file, label_above, render
 from kernels.loader import ROOT
 
 needs_solutions = pytest.mark.skipif(not (ROOT / "solutions").is_dir(), reason="this copy has no solutions/")
@@ -26,7 +27,7 @@ def test_published_holes_are_the_released_holes(name):
     solution-only block such as a __main__ is no hole, whatever TODO comes before it."""
     text = expand_file(ROOT / "solutions" / name)
     shown = [h["todo"] for h in publish.holes(text)]
-    released = [label for label, _ in holes.unfilled_in(release.render(text, name), name)]
+    released = [label for label, _ in holes.unfilled_in(render(text, name), name)]
     assert shown == released
 
 
@@ -38,7 +39,7 @@ def test_compare_finds_every_hole_of_a_file_as_released(tmp_path):
         (tmp_path / rel).write_bytes(data)
     learner = tmp_path / "stages"
     learner.mkdir()
-    (learner / f"{stage.module}.py").write_text(release.render(expand_file(ROOT / "solutions" / f"{stage.module}.py"),
+    (learner / f"{stage.module}.py").write_text(render(expand_file(ROOT / "solutions" / f"{stage.module}.py"),
                                                                f"{stage.module}.py"))
     result = StageResult(stage.name, "stages", "graded", results=[
         CheckResult("online_softmax_rows", 1, 0, "todo", calls=["online_softmax"])])
@@ -169,7 +170,7 @@ def _hole_labels(stage) -> set[str]:
     found = set()
     for name in stage.files():
         text = expand_file(ROOT / "solutions" / name)
-        found |= {label for label, _ in holes.unfilled_in(release.render(text, name), name)}
+        found |= {label for label, _ in holes.unfilled_in(render(text, name), name)}
     return found
 
 
@@ -177,9 +178,9 @@ def _hole_around(text: str, needle: str) -> str | None:
     """The TODO label of the solution block ``needle`` sits in, or None when it is in given code."""
     lines, label, inside = text.splitlines(), None, False
     for i, line in enumerate(lines[:text[:text.index(needle)].count("\n") + 1]):
-        if release._BEGIN.match(line):
-            inside, label = True, release._label_above(lines[:i])
-        elif release._END.match(line):
+        if BEGIN.match(line):
+            inside, label = True, label_above(lines[:i])
+        elif END.match(line):
             inside = False
     return label if inside else None
 

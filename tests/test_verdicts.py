@@ -7,7 +7,8 @@ import pytest
 from grader import holes, stages
 from grader.grade import format_result, grade_stage
 from grader.publishing import release
-from kernels import runtime
+from kernels import runtime, solution_file
+from kernels.solution_file import BEGIN, END, render
 from kernels.loader import ROOT
 
 STAGE1, STAGE3 = stages.find("stage1"), stages.find("stage3")
@@ -26,16 +27,16 @@ def _partly_done(stage, tmp_path, unfilled: set[str], *, lines_above: int = 0):
         found = re.search(r"TODO\(\w+\)", line)
         if found and line.lstrip().startswith("#"):
             label = found.group(0)[5:-1]
-        if release._BEGIN.match(line):
+        if BEGIN.match(line):
             keep_markers, inside = (label in unfilled or label is None), True
             if not keep_markers:
                 continue
-        elif release._END.match(line) and inside:
+        elif END.match(line) and inside:
             inside, label = False, None
             if not keep_markers:
                 continue
         out.append(line)
-    text = release.render("".join(out), name)
+    text = render("".join(out), name)
     text = "".join(f"# my note {i}\n" for i in range(lines_above)) + text
     folder = tmp_path / "sub"
     folder.mkdir(parents=True, exist_ok=True)
@@ -202,7 +203,6 @@ def test_progress_over_stages_not_started_probes_nothing_and_renders_each_file_o
     import io
 
     from grader import grade, progress
-    from grader.publishing import release
     folder = tmp_path / "stages"
     folder.mkdir()
     for name, text in release.rendered().items():          # every stage file as release writes it
@@ -210,8 +210,8 @@ def test_progress_over_stages_not_started_probes_nothing_and_renders_each_file_o
     monkeypatch.setattr(progress, "CACHE", tmp_path / "cache")
     monkeypatch.setattr(grade.sandbox, "choose", lambda *a, **k: pytest.fail("probed a sandbox for nothing"))
     rendered = []
-    real = release.render
-    monkeypatch.setattr(release, "render", lambda text, name: rendered.append(name) or real(text, name))
+    real = solution_file.render
+    monkeypatch.setattr(solution_file, "render", lambda text, name: rendered.append(name) or real(text, name))
     out = io.StringIO()
     assert progress.progress(str(folder), out=out) == 0
     assert all(f"  {s.name} " in out.getvalue() for s in stages.STAGES) and "not started" in out.getvalue()

@@ -33,11 +33,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
-from grader import COMMAND, stages
+from grader import COMMAND, edition_info, stages
 from grader.publishing import edition, publish, release
 from kernels.loader import ROOT
+from kernels.solution_file import MANIFEST, manifest_text, sha
 
 TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", "workbook", ".gitignore")
 CODE_DIRS = ("kernels", "grader", "constraints")
@@ -61,7 +63,7 @@ def _tree(top: Path, *, skip=()) -> dict[str, bytes]:
     found = {}
     for path in sorted(top.rglob("*")):
         rel = path.relative_to(ROOT)
-        if path.is_dir() or _JUNK & set(rel.parts) or path.suffix == ".pyc" or path.name.endswith(edition.NEW):
+        if path.is_dir() or _JUNK & set(rel.parts) or path.suffix == ".pyc" or path.name.endswith(edition_info.NEW):
             continue
         if any(rel.as_posix().startswith(s) for s in skip):
             continue
@@ -111,9 +113,9 @@ def collect(shipped: list, *, autograder: list[str] | None = None, published: li
         for name in stage.files():
             text = rendered[name]
             wanted[f"stages/{name}"] = text.encode()
-            manifest[name] = release._sha(text)
+            manifest[name] = sha(text)
         wanted[f"notebooks/{stage.notebook}"] = edition.cleared((ROOT / "notebooks" / stage.notebook).read_bytes())
-    wanted[f"stages/{release.MANIFEST}"] = release.manifest_text(manifest).encode()
+    wanted[f"stages/{MANIFEST}"] = manifest_text(manifest).encode()
     wanted["README.md"] = learner_readme(shipped).encode()
     for name in published:
         wanted.update(publish.files_of(stages.find(name)))
@@ -155,9 +157,9 @@ def build(dest: str | Path, *, autograder: list[str] | None = None, through: str
     placeholder stays and a warning says so).
     """
     dest = Path(dest).resolve()
-    old = edition.read(dest)
+    old = edition_info.read(dest)
     if dest.exists() and any(p.name != ".git" for p in dest.iterdir()) and old is None:
-        raise BundleError(f"{dest} exists, is not empty and holds no edition ({edition.MANIFEST}): "
+        raise BundleError(f"{dest} exists, is not empty and holds no edition ({edition_info.MANIFEST}): "
                           "choose a new folder")
     for name in autograder or []:
         stages.find(name)  # an unknown stage is an error now, not on Gradescope
@@ -174,7 +176,7 @@ def build(dest: str | Path, *, autograder: list[str] | None = None, through: str
     if problems:
         raise BundleError("the edition would give away what it must not, so nothing was written:\n  "
                           + "\n  ".join(problems))
-    source = edition.source_version()
+    source = edition_info.source_version()
     base = source["version"] + (f".changes.{edition.content_digest(wanted)}"
                                 if source["commit"].endswith("+changes") else "")
     meta = dict(source, version=edition.edition_version(base, published), base_version=base,
@@ -205,6 +207,30 @@ def build(dest: str | Path, *, autograder: list[str] | None = None, through: str
             f"{PLACEHOLDER}, which does not exist: on Colab they lead to a 404. Give the edition's GitHub "
             "repository: release --to DIR --repo OWNER/NAME (or make DIR a clone whose origin is on GitHub).")
     return dest
+
+
+def main(*, to: str, autograder: str | None = None, through: str | None = None, repo: str | None = None) -> int:
+    """``python -m grader release --to DIR``: write the learner's edition into ``to`` (a Gradescope
+    ``autograder`` for those stages, or stages 1..``through`` only, its notebooks opening on Colab from
+    the GitHub ``repo``).
+
+    A new learner's edition needs ``through``: the file of stage N+1 holds stage N's answers as given
+    code, so shipping every stage hands out earlier stages' answers; ``--through stage9`` says that is
+    meant.  An edition updated in place keeps the stages it ships unless told otherwise."""
+    if release.without_solutions():
+        return 0
+    if not (through or autograder or edition_info.read(Path(to))):
+        print(f"release --to {to} needs --through stageN: the stages to ship (1..N). Stage N+1's file holds "
+              "stage N's answers as given code, so an edition of every stage hands out earlier stages' "
+              "answers; ship a stage once the one before it is due (--through stage9 ships all nine, if "
+              "that is what you mean).", file=sys.stderr)
+        return 2
+    try:
+        build(to, autograder=autograder.split(",") if autograder else None, through=through, repo=repo)
+    except (BundleError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
 
 
 def learner_readme(shipped: list) -> str:

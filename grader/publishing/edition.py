@@ -10,7 +10,8 @@ says what it is and what was written:
 
 ``base_version`` is the source's (with ``.changes.<digest of the files>`` after the commit when
 released from uncommitted changes); ``version`` adds the published stages.  ``repository`` is the
-GitHub repository the notebooks open on Colab from, where one was given.
+GitHub repository the notebooks open on Colab from, where one was given.  The grader reads it
+(grader/edition_info.py: the edition it names, and the ``.new`` files waiting to be merged).
 
 Writing into a folder that already holds an edition updates it in place, and never loses a
 learner's work: a file still as the edition wrote it is replaced by the new version; a file the
@@ -29,16 +30,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
-import subprocess
 from pathlib import Path
 
+from grader.edition_info import MANIFEST, NEW, read
 from grader.isolation import files
 from grader.publishing import release
 from kernels.loader import ROOT
+from kernels.solution_file import is_marker, sha, solution_blocks
 
-MANIFEST = "edition.json"
-NEW = ".new"
 #: The edition's own version of each file a learner edits (stages/, notebooks/), as last written:
 #: the common ancestor ``update --merge`` needs for a three-way merge of a ``.new``.
 BASE = ".edition/base"
@@ -51,27 +50,7 @@ class EditionError(RuntimeError):
     """An edition cannot be written as asked; the message says why and what to do."""
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 # -- versions -------------------------------------------------------------------------------------
-def source_version(root: Path = ROOT) -> dict:
-    """The version of the instructor's repository: pyproject's version and the git commit."""
-    match = re.search(r'^version\s*=\s*"([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
-    version = match.group(1) if match else "0"
-    commit = "unknown"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        commit += "+changes" if dirty else ""
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"version": f"{version}+{commit[:12]}" if commit != "unknown" else version, "commit": commit}
-
-
 def edition_version(base: str, published: list[str]) -> str:
     """An edition's version: its source's (``base``), then the stages whose solutions it publishes, so that
     publishing a stage, which changes what the edition holds, changes its version too."""
@@ -83,62 +62,8 @@ def content_digest(wanted: dict[str, bytes]) -> str:
     """A short digest of what an edition holds: it tells two releases from uncommitted changes apart."""
     digest = hashlib.sha256()
     for rel in sorted(wanted):
-        digest.update(f"{rel}\0{_sha(wanted[rel])}\n".encode())
+        digest.update(f"{rel}\0{sha(wanted[rel])}\n".encode())
     return digest.hexdigest()[:8]
-
-
-def read(folder: Path = ROOT) -> dict | None:
-    """The edition.json of ``folder``, or None where there is none (the instructor's repository) or
-    where it is not an edition's (not a JSON object)."""
-    try:
-        data = files.read_plain(Path(folder) / MANIFEST)
-        meta = json.loads(data) if data is not None else None
-    except (files.UnsafeFile, ValueError, RecursionError):
-        return None
-    return meta if isinstance(meta, dict) else None
-
-
-def describe(folder: Path = ROOT) -> str:
-    """One line for the grader's header: which edition, or which commit, this is."""
-    meta = read(folder)
-    if meta is None:
-        return f"workbook {source_version(folder)['version']} (the instructor's repository)"
-    if meta.get("kind") == "autograder":
-        return f"workbook edition {meta['version']} (autograder)"
-    published = ", ".join(meta.get("published", [])) or "none yet"
-    return (f"workbook edition {meta['version']}, stages through {meta['through']}, "
-            f"reference solutions published: {published}")
-
-
-def version_notes(submission: str | None, folder: Path = ROOT) -> list[str]:
-    """A line for a learner whose copy is another edition than the grader's (a whole workbook handed in),
-    or whose edition.json is not an edition's: the learner's file, so any bytes at all, never an error."""
-    if not submission:
-        return []
-    path = Path(submission) / MANIFEST
-    try:
-        data = files.read_plain(path, limit=_MANIFEST_LIMIT)
-    except files.UnsafeFile:
-        data = b""
-    if data is None:
-        return []
-    try:
-        theirs = json.loads(data)
-    except (ValueError, RecursionError):
-        theirs = None
-    version = theirs.get("version") if isinstance(theirs, dict) else None
-    if not isinstance(version, str) or not 0 < len(version) <= 100:
-        return [f"Your copy's {MANIFEST} is not one an edition writes (a JSON object with a \"version\", at most "
-                f"{_MANIFEST_LIMIT >> 20} MiB), so the grader cannot tell which edition your copy is; your stage files "
-                f"were graded all the same. Take {MANIFEST} back from the edition you were given."]
-    mine = read(folder) or source_version(folder)
-    if version != mine.get("version"):
-        return [f"Your copy is edition {version}; this grader is {mine.get('version')}: if a check "
-                "surprises you, update your copy (python -m grader update --from <the new edition>)."]
-    return []
-
-
-_MANIFEST_LIMIT = 1 << 20      # an edition.json lists a few hundred files: tens of kilobytes
 
 
 # -- writing an edition ---------------------------------------------------------------------------
@@ -159,10 +84,10 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
         except files.UnsafeFile:
             current = b"\0<not a plain file>"
         if current == data:
-            recorded[rel] = _sha(data)
+            recorded[rel] = sha(data)
             _keep_base(dest, rel, data)
             continue
-        if current is not None and recorded.get(rel) == _sha(data):
+        if current is not None and recorded.get(rel) == sha(data):
             if not files.plain_file(dest / (rel + NEW)):        # (while a .new waits, its ancestor stays)
                 _keep_base(dest, rel, data)
             continue           # changed by the learner, unchanged in the edition: nothing to say
@@ -170,7 +95,7 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
             _put(target, data, rel)
             _keep_base(dest, rel, data)
             changes.append(f"added    {rel}")
-        elif recorded.get(rel) == _sha(current):
+        elif recorded.get(rel) == sha(current):
             _put(target, data, rel)
             _keep_base(dest, rel, data)
             changes.append(f"updated  {rel}")
@@ -182,11 +107,11 @@ def write(dest: Path, wanted: dict[str, bytes], meta: dict, *, log=print, remove
             if existing != data:
                 _put(beside, data, rel)
             changes.append(f"kept     {rel}: it has your changes; the new version is {rel + NEW}")
-        recorded[rel] = _sha(data)
+        recorded[rel] = sha(data)
     for rel in sorted(set(recorded) - set(wanted)) if remove_missing else []:
         target = dest / rel
         current = files.read_plain(target) if files.plain_file(target) else None
-        if current is not None and _sha(current) == recorded[rel]:
+        if current is not None and sha(current) == recorded[rel]:
             target.unlink()
             _check_base(dest, rel, None)
             changes.append(f"removed  {rel}")
@@ -215,22 +140,16 @@ def _keep_base(dest: Path, rel: str, data: bytes) -> None:
     _put(base, data, rel)
 
 
-def _check_base(dest: Path, rel: str, sha: str | None) -> None:
-    """Remove the recorded base of ``rel`` unless it is the version whose SHA-256 is ``sha``: a merge
+def _check_base(dest: Path, rel: str, digest: str | None) -> None:
+    """Remove the recorded base of ``rel`` unless it is the version whose SHA-256 is ``digest``: a merge
     with a wrong ancestor would silently undo changes, so without the right one it shows a diff instead."""
     base = dest / BASE / rel
     try:
         data = files.read_plain(base, limit=1 << 30)
     except files.UnsafeFile:
         data = b""
-    if data is not None and (sha is None or _sha(data) != sha):
+    if data is not None and (digest is None or sha(data) != digest):
         base.unlink()
-
-
-def pending(folder: Path = ROOT) -> list[str]:
-    """The files of an edition with a newer version waiting beside them (``<name>.new``), unmerged."""
-    meta = read(folder) or {}
-    return [rel for rel in sorted(meta.get("files", {})) if files.plain_file(Path(folder) / (rel + NEW))]
 
 
 def _put(target: Path, data: bytes, rel: str) -> None:
@@ -247,20 +166,6 @@ def _put(target: Path, data: bytes, rel: str) -> None:
 def _significant(line: str) -> str | None:
     s = line.strip()
     return s if len(s) >= 10 and not s.startswith(("#", "//")) else None
-
-
-def solution_blocks(text: str) -> list[list[str]]:
-    """The code between the solution markers of a solution file, block by block."""
-    found, current = [], None
-    for line in text.splitlines():
-        if release._BEGIN.match(line):
-            current = []
-        elif release._END.match(line):
-            found.append(current or [])
-            current = None
-        elif current is not None:
-            current.append(line)
-    return found
 
 
 def answer_keys(solutions: Path = ROOT / "solutions") -> dict[int, list[set[str]]]:
@@ -303,8 +208,8 @@ def audit(contents: dict[str, bytes], allowed: set[int], keys: dict[int, list[se
         if Path(rel).suffix not in (".py", ".cu", ".ipynb", ".md", ".json", ".txt", ".sh", ""):
             continue
         text = "\n".join(_lines(rel, contents[rel]))
-        if parts[0] != "grader" and any(release._BEGIN.match(ln) or release._END.match(ln) for ln in text.splitlines()):
-            problems.append(f"{rel}: holds a solution block")   # (grader/publishing/release.py documents the markers)
+        if parts[0] != "grader" and any(map(is_marker, text.splitlines())):
+            problems.append(f"{rel}: holds a solution block")   # (kernels/solution_file.py: the markers)
         leaked = sorted(answers_in(text, keys) - allowed)
         if leaked:
             problems.append(f"{rel}: holds the answers of " + ", ".join(f"stage{n}" for n in leaked)

@@ -23,27 +23,20 @@ though a solved hole holds the answers of its stage.
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import sys
 from pathlib import Path
 
-from grader import stages
+from grader import edition_info, stages
 from grader.publishing import edition, release
-from kernels.includes import expand_file
 from kernels.loader import ROOT
+from kernels.solution_file import BEGIN, END, expand_file, label_above, sha, strip_markers
 
-FOLDER = "published"
+FOLDER = edition_info.PUBLISHED
 
 
 class PublishError(RuntimeError):
     pass
-
-
-def strip_markers(text: str) -> str:
-    """A solution file as a learner reads it: the code of every hole, no markers."""
-    return "".join(line for line in text.splitlines(keepends=True)
-                   if not (release._BEGIN.match(line) or release._END.match(line)))
 
 
 def holes(text: str) -> list[dict]:
@@ -54,18 +47,18 @@ def holes(text: str) -> list[dict]:
     found, out_line = [], 0       # out_line: line number in the marker-free text
     i = 0
     while i < len(lines):
-        if not release._BEGIN.match(lines[i]):
+        if not BEGIN.match(lines[i]):
             out_line += 1
             i += 1
             continue
         j = i + 1
-        while not release._END.match(lines[j]):
+        while not END.match(lines[j]):
             j += 1
-        before = [ln for ln in lines[:i] if ln.strip() and not release._END.match(ln) and not release._BEGIN.match(ln)]
-        after = next((ln for ln in lines[j + 1:] if ln.strip() and not release._BEGIN.match(ln)), "")
+        before = [ln for ln in lines[:i] if ln.strip() and not END.match(ln) and not BEGIN.match(ln)]
+        after = next((ln for ln in lines[j + 1:] if ln.strip() and not BEGIN.match(ln)), "")
         # The label is the TODO right above the block (up to a blank line), as release names its stub: a
         # solution-only block such as a __main__ has none, and is no hole, whatever TODO came before it.
-        label = release._label_above(lines[:i]) or ""
+        label = label_above(lines[:i]) or ""
         block = lines[i + 1:j]
         if any(ln.strip() for ln in block) and label:
             found.append({"todo": label, "reference": "\n".join(block), "before": before[-2:], "after": after,
@@ -89,25 +82,6 @@ def _functions(text: str) -> dict[int, str]:
     return owner
 
 
-def callers(text: str) -> dict[str, set[str]]:
-    """Top-level function -> the public functions that call it, directly or through others."""
-    tree = ast.parse(text)
-    calls = {node.name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-             for node in tree.body if isinstance(node, ast.FunctionDef)}
-    reach: dict[str, set[str]] = {}
-    for public in (name for name in calls if not name.startswith("_")):
-        seen, todo = set(), [public]
-        while todo:
-            fn = todo.pop()
-            if fn in seen or fn not in calls:
-                continue
-            seen.add(fn)
-            todo.extend(calls[fn])
-        for fn in seen:
-            reach.setdefault(fn, set()).add(public)
-    return reach
-
-
 def files_of(stage) -> dict[str, bytes]:
     """What publishing ``stage`` adds to an edition (relative path -> bytes)."""
     note = ROOT / "solutions" / "notes" / f"{stage.name}.md"
@@ -129,7 +103,7 @@ def files_of(stage) -> dict[str, bytes]:
 def publish(dest: str | Path, names: list[str], *, log=print) -> list[str]:
     """Add the reference solutions of ``names`` to the learner's edition in ``dest``."""
     dest = Path(dest).resolve()
-    meta = edition.read(dest)
+    meta = edition_info.read(dest)
     if meta is None or meta.get("kind", "learner") != "learner":
         raise PublishError(f"{dest} holds no learner's edition: make one first with "
                            "python -m grader release --to DIR")
@@ -171,7 +145,7 @@ def as_written(dest: Path, meta: dict) -> dict[str, bytes]:
     learner changed is their own work, which may well hold the answers of a stage not yet published."""
     recorded = meta.get("files", {})
     return {rel: data for rel, data in edition.on_disk(dest, meta).items()
-            if hashlib.sha256(data).hexdigest() == recorded.get(rel.removesuffix(edition.NEW))}
+            if sha(data) == recorded.get(rel.removesuffix(edition_info.NEW))}
 
 
 def main(stage_names: str, *, to: str) -> int:

@@ -3,7 +3,7 @@
 Files the learner did not change are replaced; files they changed stay, and the new version goes
 beside them as ``<name>.new`` (grader/publishing/edition.py writes them).  ``update --merge FILE``
 merges one of those into your file (:func:`merge`); until then the progress view and every grading
-list them.
+list them (grader/edition_info.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from grader import edition_info
 from grader.isolation import files
 from grader.publishing import edition
 from kernels.loader import ROOT
@@ -24,11 +25,11 @@ from kernels.loader import ROOT
 
 def main(*, source: str) -> int:
     """Take the edition in the folder ``source`` into this copy; 2 when either is not an edition."""
-    new = edition.read(Path(source))
+    new = edition_info.read(Path(source))
     if new is None:
-        print(f"{source} holds no edition ({edition.MANIFEST})", file=sys.stderr)
+        print(f"{source} holds no edition ({edition_info.MANIFEST})", file=sys.stderr)
         return 2
-    mine = edition.read(ROOT)
+    mine = edition_info.read(ROOT)
     if mine is None:
         print("this copy is not a learner's edition (no edition.json): nothing to update", file=sys.stderr)
         return 2
@@ -39,19 +40,6 @@ def main(*, source: str) -> int:
 
 
 # -- what update left to merge --------------------------------------------------------------------
-def pending_note(root: Path = ROOT) -> str:
-    """Lines that name each file with a newer version waiting beside it, and the command that merges it
-    ("" when none waits): the progress view and every grading print them until the learner merges."""
-    from grader import COMMAND
-    waiting = edition.pending(root)
-    if not waiting:
-        return ""
-    lines = [f"{len(waiting)} file(s) have a newer version waiting beside them ({edition.NEW}): update kept your "
-             "changes and did not merge. Merge each one (your version is backed up first):"]
-    lines += [f"    {COMMAND} update --merge {rel}" for rel in waiting]
-    return "\n".join(lines)
-
-
 def merge(file: str, *, root: Path = ROOT, out=print) -> int:
     """``update --merge FILE``: fold ``FILE.new``, the newer edition's version, into ``FILE``.
 
@@ -64,12 +52,12 @@ def merge(file: str, *, root: Path = ROOT, out=print) -> int:
     something left to do by hand, 2 for a file with no newer version waiting.
     """
     rel = _relative(file, root)
-    waiting = edition.pending(root)
+    waiting = edition_info.pending(root)
     if rel is None or rel not in waiting:
         listed = ", ".join(waiting) or "none"
         out(f"update --merge {file}: no newer version waits for that file (files with one: {listed})")
         return 2
-    path, new_path, base_path = root / rel, root / (rel + edition.NEW), root / edition.BASE / rel
+    path, new_path, base_path = root / rel, root / (rel + edition_info.NEW), root / edition.BASE / rel
     mine, new = path.read_bytes(), new_path.read_bytes()
     git = shutil.which("git")
     if not (git and files.plain_file(base_path)):
@@ -78,8 +66,8 @@ def merge(file: str, *, root: Path = ROOT, out=print) -> int:
         out(f"{rel}: no three-way merge ({why}). What the new edition changes, - your lines, + its lines:\n")
         out("".join(difflib.unified_diff(mine.decode(errors="replace").splitlines(keepends=True),
                                          new.decode(errors="replace").splitlines(keepends=True),
-                                         fromfile=rel, tofile=rel + edition.NEW)))
-        out(f"Copy into {rel} what you want of the + lines, then delete {rel + edition.NEW}.")
+                                         fromfile=rel, tofile=rel + edition_info.NEW)))
+        out(f"Copy into {rel} what you want of the + lines, then delete {rel + edition_info.NEW}.")
         return 1
     backup = _backup(root, rel, mine)
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,4 +118,4 @@ def _relative(file: str, root: Path) -> str | None:
         rel = path.relative_to(Path(os.path.abspath(root))).as_posix()
     except ValueError:
         return None
-    return rel[: -len(edition.NEW)] if rel.endswith(edition.NEW) else rel
+    return rel[: -len(edition_info.NEW)] if rel.endswith(edition_info.NEW) else rel

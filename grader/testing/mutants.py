@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernels.includes import expand_file
 from kernels.loader import ROOT
+from kernels.solution_file import expand_file
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class Mutant:
 def build(stage, mutant: Mutant, dest: Path) -> Path:
     """Write the stage's solution files with the mutant's edits applied into ``dest``.
 
-    The edits apply to the expanded solution (kernels/includes.py), so a mutant may edit code
-    the stage includes from an earlier one."""
+    The edits apply to the expanded solution (kernels/solution_file.py), so a mutant may edit code
+    the stage takes from an earlier one as given code."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in stage.files():
         text = expand_file(ROOT / "solutions" / name)

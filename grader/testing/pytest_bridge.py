@@ -25,8 +25,7 @@ from grader.check import session_seed
 from grader.grade import _snapshot, run_check
 from grader.isolation.outcomes import ImportFailed
 from grader.isolation.runner import Runner
-from grader.publishing import release
-from kernels import loader
+from kernels import loader, solution_file
 
 def pytest_addoption(parser):
     parser.addoption("--source", default=None,
@@ -72,7 +71,7 @@ def stage_tests(name: str):
     def test_check(check):
         source = os.environ.get(loader.ENV_VAR, "stages")
         path = loader.source_dir(source) / f"{stage.module}.py"
-        if source != "solutions" and release.is_untouched(path):
+        if source != "solutions" and solution_file.is_untouched(path):
             pytest.skip(f"{stage.name} not started: {path.name} is as released")
         try:
             result = run_check(check, _runner(stage, source), _SEED)

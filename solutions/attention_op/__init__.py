@@ -26,7 +26,7 @@ for one hook, below) and changes how they are called:
   (tests/tools/kernel_writes.py) checks the analysis's verdict for every kernel the ops launch.
 * **Stage 9's kernels, one hook.**  Under ``torch.compile`` a Python float argument reaches a
   user kernel as float64, which would spread into the accumulators and break the compile; stage
-  9's kernels (and the forward kernel it includes from stage 8) cast their scale arguments to
+  9's kernels (and the forward kernel it takes from stage 8) cast their scale arguments to
   float32 first.
 * **A launch plan per shape, made outside tracing.**  The tile (BLOCK_M, BLOCK_N, warps,
   stages) of each kernel is chosen once per (shape, dtype, options): the table's first entry

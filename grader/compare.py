@@ -1,20 +1,40 @@
 """``python -m grader stage3 --compare``: your code beside the reference, hole by hole.
 
 It works in a learner's edition once the instructor has published the stage
-(``published/stageN.holes.json``, grader/publishing/publish.py): after the grading table, each TODO shows
-what you wrote there, what the reference wrote, and the checks that exercise it with their
-statuses.  Before publication it says so.
+(``published/stageN.holes.json``, which grader/publishing/publish.py writes): after the grading
+table, each TODO shows what you wrote there, what the reference wrote, and the checks that
+exercise it with their statuses.  Before publication it says so.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import textwrap
 from pathlib import Path
 
+from grader.edition_info import PUBLISHED
 from grader.isolation import files
-from grader.publishing import publish
 from kernels.loader import ROOT
+
+
+def callers(text: str) -> dict[str, set[str]]:
+    """Top-level function -> the public functions that call it, directly or through others."""
+    tree = ast.parse(text)
+    calls = {node.name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+             for node in tree.body if isinstance(node, ast.FunctionDef)}
+    reach: dict[str, set[str]] = {}
+    for public in (name for name in calls if not name.startswith("_")):
+        seen, todo = set(), [public]
+        while todo:
+            fn = todo.pop()
+            if fn in seen or fn not in calls:
+                continue
+            seen.add(fn)
+            todo.extend(calls[fn])
+        for fn in seen:
+            reach.setdefault(fn, set()).add(public)
+    return reach
 
 
 def _your_code(lines: list[str], label: str, after: str) -> list[str] | None:
@@ -42,14 +62,14 @@ def _box(title: str, lines: list[str]) -> list[str]:
 
 def compare(stage, result, folder: Path, *, root: Path = ROOT) -> str:
     """The hole-by-hole comparison for ``stage``, graded as ``result`` from ``folder``."""
-    holes_path = root / publish.FOLDER / f"{stage.name}.holes.json"
+    holes_path = root / PUBLISHED / f"{stage.name}.holes.json"
     if not holes_path.is_file():
         return (f"{stage.name}'s reference solution is not published yet: your instructor publishes it once the "
                 "stage is due, and then --compare shows it beside your code.")
     entries = json.loads(holes_path.read_text())
-    callers: dict[str, set[str]] = {}
+    public_callers: dict[str, set[str]] = {}
     for name in {e["file"] for e in entries if e["file"].endswith(".py")}:
-        callers.update(publish.callers((root / publish.FOLDER / name).read_text()))
+        public_callers.update(callers((root / PUBLISHED / name).read_text()))
     out = [f"{stage.name}: your code beside the reference (published/{stage.module}.py; the note: "
            f"published/{stage.name}.md)"]
     for entry in entries:
@@ -60,7 +80,7 @@ def compare(stage, result, folder: Path, *, root: Path = ROOT) -> str:
         else:
             why = f"{entry['file']} is not in {folder}"
         label, fn = entry["todo"], entry["function"]
-        reach = callers.get(fn, set()) | ({fn} if fn and not fn.startswith("_") else set())
+        reach = public_callers.get(fn, set()) | ({fn} if fn and not fn.startswith("_") else set())
         touching = [r for r in result.results if not r.hidden
                     and (label in r.message or reach & set(getattr(r, "calls", []) or []))]
         checks = ", ".join(f"{r.name} {r.status}" for r in touching) or "no check reached it"
