@@ -15,7 +15,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from grader import COMMAND, files
+from grader import COMMAND
+from grader.isolation import files
 from kernels.loader import ROOT
 
 MANIFEST = "edition.json"

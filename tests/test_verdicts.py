@@ -208,7 +208,7 @@ def test_progress_over_stages_not_started_probes_nothing_and_renders_each_file_o
     for name, text in release.rendered().items():          # every stage file as release writes it
         (folder / name).write_text(text)
     monkeypatch.setattr(progress, "CACHE", tmp_path / "cache")
-    monkeypatch.setattr(grade.sandbox, "choose", lambda *a, **k: pytest.fail("probed a sandbox for nothing"))
+    monkeypatch.setattr(grade.choice, "choose", lambda *a, **k: pytest.fail("probed a sandbox for nothing"))
     rendered = []
     real = solution_file.render
     monkeypatch.setattr(solution_file, "render", lambda text, name: rendered.append(name) or real(text, name))
