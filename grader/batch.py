@@ -60,7 +60,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from grader import BATCH_OUT_ENV, BATCH_SUBMISSION_ENV, formats, intake, stages
-from grader.grade import StageResult, submission_folder, verdicts
+from grader.grade import submission_folder, verdicts
+from grader.results import StageResult
 from grader.isolation import answer_keys, choice, files
 from grader.isolation.limits import Limits, default_memory_mb
 from grader.isolation.mechanism import IsolationError, Mechanism
@@ -109,7 +110,7 @@ def version(root: Path = ROOT) -> str:
 #: The files besides a stage's own check modules whose change can change a verdict: the shared check
 #: helpers (every file of grader/checks/ that is not one stage's), how a check runs and is timed, and
 #: the reference and tolerances the answers are compared with.
-GRADING_SOURCES = ("grader/check.py", "grader/grade.py", "grader/isolation/limits.py", "kernels/reference.py",
+GRADING_SOURCES = ("grader/check.py", "grader/grade.py", "grader/results.py", "grader/isolation/limits.py", "kernels/reference.py",
                    "kernels/tolerance.py", "kernels/masks.py")
 
 

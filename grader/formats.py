@@ -18,7 +18,7 @@ import os
 import secrets
 from pathlib import Path
 
-from grader.grade import StageResult, hidden_summary
+from grader.results import StageResult, hidden_summary
 from grader.stages import Stage
 
 

@@ -55,7 +55,8 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
     from grader import sanitize as sanitizer
     if sanitize and not os.environ.get(sanitizer.ENV):
         return sanitizer.relaunch(sys.argv[1:] if argv is None else argv)
-    from grader.grade import default_jobs, grade_stage, print_result, submission_folder
+    from grader.grade import default_jobs, grade_stage, submission_folder
+    from grader.results import print_result
     from grader.isolation.limits import Limits
     from grader import progress
     jobs = jobs or default_jobs()

@@ -15,7 +15,8 @@ import sys
 import time
 
 from grader import COMMAND, edition_info, stages
-from grader.grade import StageResult, format_result, grade_stage, score_line
+from grader.grade import grade_stage
+from grader.results import StageResult, format_result, score_line
 from kernels import loader, runtime, solution_file
 
 CACHE = loader.ROOT / ".grader-cache" / "progress"

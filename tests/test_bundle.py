@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from grader import formats, stages
-from grader.grade import format_result, grade_stage
+from grader.grade import grade_stage
+from grader.results import format_result
 from grader.publishing import bundle, edition, release
 from kernels import solution_file
 from grader.testing import mutants

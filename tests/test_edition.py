@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grader import stages
-from grader.grade import CheckResult, StageResult
+from grader.results import CheckResult, StageResult
 from grader import compare
 from grader.publishing import bundle, edition, publish, release
 from kernels.loader import ROOT

@@ -15,7 +15,7 @@ import pytest
 
 from grader import COMMAND, edition_info, stages
 from grader.__main__ import main
-from grader.grade import CheckResult, StageResult
+from grader.results import CheckResult, StageResult
 from grader.publishing import bundle, edition, publish, release, update
 from kernels.loader import ROOT
 

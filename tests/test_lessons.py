@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from grader import holes, stages
-from grader.grade import CheckResult, StageResult
+from grader.results import CheckResult, StageResult
 from grader import compare
 from grader.publishing import publish
 from kernels.solution_file import BEGIN, END, expand_file, label_above, render
@@ -104,7 +104,8 @@ def test_a_syntax_error_is_shown_once_at_the_learners_line(tmp_path):
     """The table and Gradescope's results show a syntax error once, at the learner's file and line, with the
     line itself; never a line of the grader's own loader."""
     from grader import formats
-    from grader.grade import format_result, grade_stage
+    from grader.grade import grade_stage
+    from grader.results import format_result
     stage = stages.find("stage1")
     text = (ROOT / "stages" / f"{stage.module}.py").read_text()
     broken = text.replace("def online_softmax(", "def online_softmax(x:(", 1)
@@ -121,7 +122,7 @@ def test_a_syntax_error_is_shown_once_at_the_learners_line(tmp_path):
 
 
 def test_messages_wrap_to_the_terminals_width(monkeypatch):
-    from grader.grade import format_result
+    from grader.results import format_result
     stage = stages.find("stage1")
     cause = ("likely cause, TODO(1c): acc is not rescaled when the running max grows: acc = acc * alpha + p @ v, "
              "alpha = exp(m_old - m_new)")

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from grader import holes, stages
-from grader.grade import format_result, grade_stage
+from grader.grade import grade_stage
+from grader.results import format_result
 from grader.publishing import release
 from kernels import runtime, solution_file
 from kernels.solution_file import BEGIN, END, render

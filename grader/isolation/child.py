@@ -37,7 +37,7 @@ from grader.isolation.limits import Limits
 from grader.isolation.wire import CHUNK, FRAME, MESSAGE_CAP, NAME_CAP, TRACEBACK_CAP
 
 
-def _to_device(obj, device, depth: int = 0):
+def to_device(obj, device, depth: int = 0):
     """The grader's arguments on ``device`` (a walk of the grader's own data, bounded all the same)."""
     import torch
     if depth > wire.MAX_DEPTH:
@@ -50,13 +50,13 @@ def _to_device(obj, device, depth: int = 0):
         storage = torch.empty(0, dtype=obj.dtype).set_(obj.untyped_storage())
         return torch.as_strided(storage.to(device), obj.shape, obj.stride(), obj.storage_offset())
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_device(x, device, depth + 1) for x in obj)
+        return type(obj)(to_device(x, device, depth + 1) for x in obj)
     if isinstance(obj, dict):
-        return {k: _to_device(v, device, depth + 1) for k, v in obj.items()}
+        return {k: to_device(v, device, depth + 1) for k, v in obj.items()}
     return obj
 
 
-def _to_cpu(obj):
+def to_cpu(obj):
     """``obj`` as the grader receives it from a worker: on the CPU, a dataclass as a dict of its fields."""
     return wire.decode(bytearray(wire.encode(obj)))
 
@@ -214,7 +214,7 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
             if helper is not None:
                 from grader.isolation import harness
                 fn = harness.bind(fn, helper)
-            args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
+            args, kwargs = to_device(args, runtime.DEVICE), to_device(kwargs, runtime.DEVICE)
             inputs = guard.snapshot_inputs(fn, args, kwargs)
             outputs: list = []
             with poisoned_allocations(outputs):

@@ -22,7 +22,7 @@ import pytest
 
 from grader import stages
 from grader.check import session_seed
-from grader.grade import _snapshot, run_check
+from grader.grade import run_check, snapshot_stage
 from grader.isolation.outcomes import ImportFailed
 from grader.isolation.runner import Runner
 from kernels import loader, solution_file
@@ -49,7 +49,7 @@ def _runner(stage, source: str) -> Runner:
     (the worker may run as another user, who need not be able to read solutions/ itself)."""
     key = (stage.module, source)
     if key not in _runners:
-        snapshot = _snapshot(stage, source)
+        snapshot = snapshot_stage(stage, source)
         _snapshots.append(snapshot)
         _runners[key] = Runner(stage.module, str(snapshot))
     return _runners[key]

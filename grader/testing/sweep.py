@@ -28,7 +28,7 @@ import torch
 
 from grader import stages
 from grader.check import CheckFailed, CheckSkipped, Ctx
-from grader.isolation.child import _to_cpu, _to_device
+from grader.isolation.child import to_cpu, to_device
 from grader.isolation.outcomes import LearnerError
 from grader.isolation.sandbox import NO_AUTOTUNE
 from kernels import loader, runtime
@@ -71,7 +71,7 @@ class InProcess:
         if helper is not None:
             from grader.isolation import harness
             fn = harness.bind(fn, helper)
-        args, kwargs = _to_device(args, runtime.DEVICE), _to_device(kwargs, runtime.DEVICE)
+        args, kwargs = to_device(args, runtime.DEVICE), to_device(kwargs, runtime.DEVICE)
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the checks expect errors as the worker reports them
@@ -79,7 +79,7 @@ class InProcess:
         if runtime.ON_GPU:
             import torch
             torch.cuda.synchronize()
-        return _to_cpu(result)
+        return to_cpu(result)
 
     def output_tail(self, limit: int = 0) -> str:
         return ""
