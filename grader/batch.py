@@ -59,14 +59,15 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
+from kernels import runtime
+from kernels.loader import ROOT
+
 from grader import BATCH_OUT_ENV, BATCH_SUBMISSION_ENV, formats, intake, stages
 from grader.grade import submission_folder, verdicts
-from grader.results import StageResult
 from grader.isolation import answer_keys, choice, files
 from grader.isolation.limits import Limits, default_memory_mb
 from grader.isolation.mechanism import IsolationError, Mechanism
-from kernels import runtime
-from kernels.loader import ROOT
+from grader.results import StageResult
 
 COLUMNS = ("learner", "stage", "score", "max_score", "status", "seconds", "isolation", "submitted")
 CHECK_COLUMNS = ("learner", "stage", "check", "points", "max_points", "status")

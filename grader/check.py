@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kernels import runtime, tolerance
+
 import torch
 
-from kernels import runtime, tolerance
 from grader.isolation.outcomes import LearnerError, WorkerDied
 
 

@@ -13,9 +13,10 @@ import json
 import textwrap
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 from grader.edition_info import PUBLISHED
 from grader.isolation import files
-from kernels.loader import ROOT
 
 
 def callers(text: str) -> dict[str, set[str]]:

@@ -147,9 +147,9 @@ def _nvcc() -> str | None:
 
 def gather() -> Facts:
     """Look at this machine and this environment; imports torch, never triton."""
-    import torch
-
     from kernels import runtime
+
+    import torch
     owners = importlib.metadata.packages_distributions()
     imported_from = {}
     for name in TOP_LEVEL:

@@ -15,9 +15,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 from grader import COMMAND
 from grader.isolation import files
-from kernels.loader import ROOT
 
 MANIFEST = "edition.json"
 NEW = ".new"

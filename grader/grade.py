@@ -34,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from kernels import loader, runtime, solution_file
+
 from grader import holes, locate, stages
 from grader.check import CheckFailed, CheckSkipped, Ctx, session_seed
 from grader.isolation import caches, choice, files
@@ -45,7 +47,7 @@ from grader.isolation.private import private_dir
 from grader.isolation.runner import Runner
 from grader.results import PASSING, CheckResult, StageResult
 from grader.stages import Stage
-from kernels import loader, runtime, solution_file
+
 
 def submission_folder(path: str | Path, stage: Stage) -> Path:
     """Where a submission keeps ``stage``'s files: the folder itself, or its ``stages/`` (a whole

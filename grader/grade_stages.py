@@ -55,10 +55,10 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
     from grader import sanitize as sanitizer
     if sanitize and not os.environ.get(sanitizer.ENV):
         return sanitizer.relaunch(sys.argv[1:] if argv is None else argv)
-    from grader.grade import default_jobs, grade_stage, submission_folder
-    from grader.results import print_result
-    from grader.isolation.limits import Limits
     from grader import progress
+    from grader.grade import default_jobs, grade_stage, submission_folder
+    from grader.isolation.limits import Limits
+    from grader.results import print_result
     jobs = jobs or default_jobs()
     overrides = any(v is not None for v in (limits or {}).values())
     limits = Limits.from_env(jobs=jobs, **(limits or {}))
@@ -87,16 +87,16 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
         if table:
             print_result(stage, result)
         if compare:
-            from grader.compare import compare as side_by_side
             from kernels.loader import source_dir
+
+            from grader.compare import compare as side_by_side
             print("\n" + side_by_side(stage, result, source_dir(source)), flush=True)
         graded.append((stage, result))
     ok = all(result.ok for _, result in graded)
     if failed:
         print(f"the grader failed, so nothing was graded: {failed}", file=sys.stderr, flush=True)
     if not table:
-        from grader import formats
-        from grader import edition_info
+        from grader import edition_info, formats
         notes = [f"Graded by {edition_info.describe()}."] + edition_info.version_notes(submission)
         if failed:     # no score, and for a batch no result: its record says the grading failed, and it retries
             data = (formats.gradescope_failure(failed, [f"The grader: {edition_info.describe()}."])

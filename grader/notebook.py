@@ -12,8 +12,9 @@ import os
 import subprocess
 import sys
 
-from grader.stages import Stage
 from kernels.loader import ENV_VAR, ROOT
+
+from grader.stages import Stage
 
 
 def refusal(source: str, isolation: str | None) -> str:

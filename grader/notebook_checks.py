@@ -19,9 +19,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from grader import holes
 from kernels.loader import ROOT
 from kernels.solution_file import LABEL
+
+from grader import holes
 
 _RANGE = re.compile(r"TODO\((\d+)([a-z])\) to TODO\(\1([a-z])\)")      # "TODO(2a) to TODO(2c)"
 

@@ -14,10 +14,11 @@ import json
 import sys
 import time
 
+from kernels import loader, runtime, solution_file
+
 from grader import COMMAND, edition_info, stages
 from grader.grade import grade_stage
 from grader.results import StageResult, format_result, score_line
-from kernels import loader, runtime, solution_file
 
 CACHE = loader.ROOT / ".grader-cache" / "progress"
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 
+from kernels import masks as _masks
+
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
-
-from kernels import masks as _masks
 
 # Tile states, as the tile grid shows them.
 SKIPPED, PARTIAL, FULL = 0, 1, 2

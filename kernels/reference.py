@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 import warnings
 
-import torch
-
 from kernels import masks, tolerance, validate
+
+import torch
 
 # A backward on the GPU started from one of the grader's check threads makes PyTorch warn that no
 # CUDA context was current there and that it is setting the primary one, which it does: the

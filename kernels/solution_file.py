@@ -393,7 +393,7 @@ def is_untouched(path: Path, solutions: Path | None = None) -> bool:
     ``stages/.release.json``.  Compared as bytes: a file in any encoding, or none, is just edited.
     A file that is not a plain one (a link, a FIFO) is never untouched, and is not read through.
     """
-    from grader.isolation import files     # the grader's safe reads (this module is the loader's too, in the worker)
+    from grader.isolation import files  # the grader's safe reads (this module is the loader's too, in the worker)
     solutions = solutions or ROOT / "solutions"
     try:
         current = files.read_plain(path)

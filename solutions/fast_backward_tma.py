@@ -47,11 +47,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-
 from kernels import runtime, tuning, validate
 from kernels.loader import load_file
 
+import torch
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402

@@ -39,9 +39,9 @@ import ctypes
 import math
 from pathlib import Path
 
-import torch
-
 from kernels import cuda_build, validate
+
+import torch
 
 CU_FILE = Path(__file__).with_name("fast_variable_block_wgmma.cu")
 ARCH = "sm_90a"               # wgmma exists on sm_90a only

@@ -6,12 +6,12 @@ float64 reference in both layouts.  On a GPU: the whole of opcheck, torch.compil
 fullgraph=True, CUDA graphs (mode="reduce-overhead"), and bit-for-bit agreement with stage 9.
 """
 
+from kernels import reference, runtime, tolerance
+from kernels.loader import ROOT, load_package
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-
-from kernels import reference, runtime, tolerance
-from kernels.loader import ROOT, load_package
 
 PATH = ROOT / "solutions" / "attention_op"
 pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")

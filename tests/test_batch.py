@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 
+from kernels import runtime
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import stages
 from grader.publishing import release
 from grader.testing import mutants
-from kernels import runtime
-from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")
 FILE = f"{STAGE1.module}.py"

@@ -15,6 +15,9 @@ import os
 import shutil
 import signal
 
+from kernels import runtime
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import batch, formats, stages
@@ -22,8 +25,6 @@ from grader.grade import grade_stage
 from grader.isolation.limits import ENV, Limits
 from grader.publishing import release
 from grader.testing import mutants
-from kernels import runtime
-from kernels.loader import ROOT
 from tests.test_batch import FILE, HIDDEN, MAX, SOLUTION, STAGE1, _edit, _write
 
 STAGE2 = stages.find("stage2")

@@ -5,6 +5,9 @@ import dataclasses
 import json
 import warnings
 
+from kernels import masks, reference, runtime
+from kernels.loader import ROOT
+
 import pytest
 import torch
 
@@ -13,8 +16,6 @@ from grader.__main__ import _parse
 from grader.__main__ import main as cli
 from grader.bench import cases, chart, measure, providers, tables, verify
 from grader.bench.cases import Case
-from kernels import masks, reference, runtime
-from kernels.loader import ROOT
 
 F32 = torch.float32
 HAS_SOLUTIONS = (ROOT / "solutions").is_dir()

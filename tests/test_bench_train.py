@@ -7,12 +7,13 @@ catches a disagreement, and the JSON merge keeps other sizes' rows.
 
 import json
 
+from kernels import runtime
+
 import pytest
 import torch
 
 from grader.__main__ import main as cli
 from grader.bench import train as bench_train
-from kernels import runtime
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -62,6 +63,7 @@ def test_decoder_trains_on_cpu_with_sdpa():
 def test_flex_provider_is_the_reference_attention_with_window_and_sinks():
     """The FlexAttention provider's layer (block masks, learned sinks through its lse) on the CPU."""
     import warnings
+
     from kernels import reference
     size = bench_train.Size("t", 1, 256, 32, 2, 4, 2, head_dim=16, vocab=40, window=128)
     attend = bench_train._flex_attend(size, "cpu")
@@ -105,8 +107,9 @@ def test_json_merges_other_sizes(tmp_path):
 def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     """docs/training.md is generated from docs/bench-train-h100.json, never typed: it cannot drift; and
     the page says which sizes' loss curves disagree."""
-    from grader.bench import report
     from kernels.loader import ROOT
+
+    from grader.bench import report
     for page, record in (("training.md", "bench-train-h100.json"), ("training-h200.md", "bench-train-h200.json")):
         assert (ROOT / "docs" / page).read_text() == report.render(ROOT / "docs" / record)
     rows = [_row("s", p, [2.0, 1.0 + (0.5 if p == "workbook" else 0)]) for p in bench_train.SAME_MODEL]

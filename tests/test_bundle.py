@@ -7,15 +7,16 @@ import os
 import subprocess
 import sys
 
+from kernels import solution_file
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import formats, stages
 from grader.grade import grade_stage
-from grader.results import format_result
 from grader.publishing import bundle, edition, release
-from kernels import solution_file
+from grader.results import format_result
 from grader.testing import mutants
-from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")
 FILE = f"{STAGE1.module}.py"

@@ -5,10 +5,11 @@ import json
 import re
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 import pytest
 
 from grader.__main__ import _parse, main
-from kernels.loader import ROOT
 
 DOCUMENTED_IN = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")),
                  "setup.sh", "workbook", ".devcontainer/post-create.sh", "grader/gradescope/run_autograder",

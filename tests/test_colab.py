@@ -11,10 +11,11 @@ import json
 import re
 import sys
 
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import stages
-from kernels.loader import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 PLACEHOLDER = "YOUR-ORG/flash-attention-workbook"

@@ -13,13 +13,13 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import replace
-from pathlib import Path
+
+from kernels import runtime
+from kernels.loader import ROOT
 
 import pytest
 
 from grader import doctor, stages
-from kernels import runtime
-from kernels.loader import ROOT
 
 CPU_PINS = doctor.tested_versions("cpu")
 CUDA_PINS = doctor.tested_versions("cuda")

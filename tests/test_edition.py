@@ -9,13 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 import pytest
 
-from grader import stages
-from grader.results import CheckResult, StageResult
-from grader import compare
+from grader import compare, stages
 from grader.publishing import bundle, edition, publish, release
-from kernels.loader import ROOT
+from grader.results import CheckResult, StageResult
 
 quiet = lambda *_: None  # noqa: E731
 S1, S2, S3 = (stages.find(f"stage{n}") for n in (1, 2, 3))

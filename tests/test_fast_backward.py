@@ -6,11 +6,11 @@ Triton's interpreter runs the descriptors as ordinary loads; the GPU runs add bf
 long sequences, where the autotuner picks the tiles.
 """
 
-import pytest
-import torch
-
 from kernels import reference, runtime, tolerance
 from kernels.loader import ROOT, load_file
+
+import pytest
+import torch
 from test_fast_forward import CASES as FORWARD_CASES
 
 PATH = ROOT / "solutions" / "fast_backward_tma.py"

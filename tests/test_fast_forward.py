@@ -4,14 +4,15 @@ On the CPU Triton's interpreter runs the descriptors as ordinary loads; the GPU 
 bfloat16 and long sequences, where the autotuner picks the tile.
 """
 
+from kernels import runtime
+from kernels.loader import ROOT, load_file
+
 import pytest
 import torch
 
 from grader.bench import measure
-from grader.checks import attention
 from grader.bench.cases import PROVIDERS, Case
-from kernels import runtime
-from kernels.loader import ROOT, load_file
+from grader.checks import attention
 
 PATH = ROOT / "solutions" / "fast_forward_tma.py"
 pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")

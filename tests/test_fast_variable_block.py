@@ -8,14 +8,15 @@ says why it cannot time it.  On an H100 or H200 the kernel runs against float64 
 import ctypes
 import subprocess
 
+from kernels import cuda_build, runtime
+from kernels.loader import ROOT, load_file
+
 import pytest
 import torch
+from test_fast_forward import _check  # o and lse against float64, as the forward's tests judge them
 
 from grader.bench import measure
 from grader.bench.cases import PROVIDERS, Case
-from kernels import cuda_build, runtime
-from kernels.loader import ROOT, load_file
-from test_fast_forward import _check  # o and lse against float64, as the forward's tests judge them
 
 PATH = ROOT / "solutions" / "fast_variable_block_wgmma.py"
 pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from kernels.loader import ROOT
+
 import pytest
 import torch
 
@@ -21,7 +23,6 @@ from grader import sanitize, stages
 from grader.grade import grade_stage
 from grader.isolation.limits import Limits
 from grader.testing import mutants
-from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")
 # Faults that should be stopped by something other than time get a time limit far beyond what they need

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import threading
 
+from kernels import solution_file
+from kernels.loader import ROOT
+
 import pytest
 
 from grader.isolation import files, private
 from grader.publishing import release
-from kernels import solution_file
-from kernels.loader import ROOT
 
 
 def test_plain_files_are_read_and_nothing_else(tmp_path):

@@ -11,13 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import COMMAND, edition_info, stages
 from grader.__main__ import main
-from grader.results import CheckResult, StageResult
 from grader.publishing import bundle, edition, publish, release, update
-from kernels.loader import ROOT
+from grader.results import CheckResult, StageResult
 
 quiet = lambda *_: None  # noqa: E731
 S1 = stages.find("stage1")

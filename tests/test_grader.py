@@ -3,14 +3,15 @@
 import subprocess
 import sys
 
+from kernels import solution_file
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import stages
 from grader.grade import grade_stage
 from grader.publishing import release
 from grader.testing.mutants import copy_solution
-from kernels import solution_file
-from kernels.loader import ROOT
 
 STAGE1 = stages.find("stage1")
 SOLUTION = (ROOT / "solutions" / f"{STAGE1.module}.py").read_text()
@@ -178,6 +179,7 @@ def test_workers_count_the_seconds_triton_spends_compiling(monkeypatch):
     """A worker adds up Triton's compile times (not cache hits) and passes each event on to a listener
     set before it; the grader takes the count from each reply and refuses a reply it did not ask for."""
     import triton
+
     from grader.isolation import child, outcomes
     from grader.isolation.limits import Limits
     from grader.isolation.runner import Runner

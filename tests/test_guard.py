@@ -11,13 +11,20 @@ import os
 import site
 import sys
 
+from kernels.loader import ROOT
+
 import pytest
 import torch
 
 from grader.check import check
-from grader.isolation.guard import (Guard, _RefuseImports, changed_inputs, check_canaries, poisoned_allocations,
-                                    snapshot_inputs)
-from kernels.loader import ROOT
+from grader.isolation.guard import (
+    Guard,
+    _RefuseImports,
+    changed_inputs,
+    check_canaries,
+    poisoned_allocations,
+    snapshot_inputs,
+)
 
 GUARD = Guard(ROOT)
 

@@ -31,11 +31,12 @@ import threading
 import time
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import stages
 from grader.isolation import answer_keys, choice, private
-from kernels.loader import ROOT
 
 pytestmark = pytest.mark.slow
 STAGE1 = stages.find("stage1")

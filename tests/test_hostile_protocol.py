@@ -21,6 +21,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from kernels.loader import ROOT
+
 import pytest
 import torch
 from test_faults import IMPORT, RETURN, at
@@ -29,7 +31,6 @@ from test_hostile import FILE, STAGE1, TEMPLATE, _answer_keys_kept_as_they_were,
 from grader.isolation import choice, wire
 from grader.isolation.limits import Limits, reply_bytes
 from grader.testing import mutants
-from kernels.loader import ROOT
 
 MECHANISMS = ("bubblewrap", "user", "none")
 # Every attack is stopped by something other than time, except the stalled reply: a time limit far

@@ -30,13 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import stages
 from grader.isolation import answer_keys, choice, procfs, sandbox, uids
-from grader.isolation.private import private_dir, unlink
 from grader.isolation.mechanism import UID_BASE, UID_SLOTS, Mechanism
-from kernels.loader import ROOT
+from grader.isolation.private import private_dir, unlink
 
 STAGE1 = stages.find("stage1")
 FILE = f"{STAGE1.module}.py"

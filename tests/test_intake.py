@@ -24,14 +24,15 @@ import time
 import zipfile
 from pathlib import Path
 
+from kernels.loader import ROOT
+from kernels.solution_file import expand_file, strip_markers
+
 import pytest
 
 from grader import batch, edition_info
 from grader.grade import grade_stage
 from grader.publishing import bundle, edition, publish, release
 from grader.testing import mutants
-from kernels.solution_file import expand_file, strip_markers
-from kernels.loader import ROOT
 from tests.test_batch import FILE, SOLUTION, STAGE1
 from tests.test_bundle import quiet
 from tests.test_edition import S1, S2, S3, _copy, through3  # noqa: F401 - through3 is a fixture

@@ -13,8 +13,9 @@ import ast
 import sys
 from pathlib import Path
 
-from grader.isolation.view import View
 from kernels.loader import ROOT
+
+from grader.isolation.view import View
 
 CHILD = "grader.isolation.child"
 WORKBOOK = ("grader", "kernels")               # the workbook's own top-level packages

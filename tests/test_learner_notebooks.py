@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from kernels.loader import ROOT
+
+import pytest
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

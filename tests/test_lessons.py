@@ -6,14 +6,14 @@ written, a hole that does not exist, a message that names the grader's file inst
 
 from __future__ import annotations
 
+from kernels.loader import ROOT
+from kernels.solution_file import BEGIN, END, expand_file, label_above, render
+
 import pytest
 
-from grader import holes, stages
-from grader.results import CheckResult, StageResult
-from grader import compare
+from grader import compare, holes, stages
 from grader.publishing import publish
-from kernels.solution_file import BEGIN, END, expand_file, label_above, render
-from kernels.loader import ROOT
+from grader.results import CheckResult, StageResult
 
 needs_solutions = pytest.mark.skipif(not (ROOT / "solutions").is_dir(), reason="this copy has no solutions/")
 
@@ -74,6 +74,7 @@ def _run_cells(notebook: str, until: str, source: str, monkeypatch) -> str:
     import contextlib
     import io
     import json
+
     import matplotlib
     matplotlib.use("Agg")
     monkeypatch.setenv("WORKBOOK_SOURCE", source)
@@ -140,8 +141,9 @@ def test_messages_wrap_to_the_terminals_width(monkeypatch):
 
 
 def _scaled_wrong(scale):
-    import torch
     from kernels import reference, tolerance
+
+    import torch
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 40, 32, generator=g) for _ in range(3))
     o, lse = reference.attention(q, k, v, sm_scale=scale)
@@ -189,6 +191,7 @@ def _hole_around(text: str, needle: str) -> str | None:
 @needs_solutions
 def test_every_diagnosis_label_is_a_hole_of_its_stage():
     import re
+
     from grader import diagnose
     for stage in stages.STAGES:
         labels = {lab for cause in diagnose.CAUSES.values() for lab in cause.labels(stage.number)}
@@ -201,6 +204,7 @@ def test_every_diagnosis_label_is_a_hole_of_its_stage():
 def test_a_wrong_solution_is_diagnosed_in_the_hole_it_changed(stage):
     """Each wrong solution of tests/wrong whose edits lie in holes: the hole its diagnosis names is one it edited."""
     import importlib
+
     from grader import diagnose
     stage = stages.find(stage)
     for mutant in importlib.import_module(f"tests.wrong.{stage.name}").MUTANTS:
@@ -216,10 +220,11 @@ def test_a_wrong_solution_is_diagnosed_in_the_hole_it_changed(stage):
 
 @needs_solutions
 def test_the_grader_names_the_hole_of_the_likely_cause(tmp_path):
+    import importlib
+
     from grader import diagnose
     from grader.grade import grade_stage
     from grader.testing import mutants
-    import importlib
     stage = stages.find("stage1")
     mutant = next(m for m in importlib.import_module("tests.wrong.stage1").MUTANTS
                   if m.name == "attention_acc_not_rescaled")
@@ -236,6 +241,7 @@ def _bench_calls(notebook: str):
     """Each ``bench.run(...)`` call in a notebook's code cells: (its stage, the providers it would build)."""
     import ast
     import json
+
     from grader import bench
     found = []
     for cell in json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]:

@@ -2,8 +2,9 @@
 
 import types
 
-from grader.notebook_checks import checker, unfilled
 from kernels.loader import ROOT
+
+from grader.notebook_checks import checker, unfilled
 
 LEARNER = ROOT / "stages" / "stage9_backward.py"          # as release wrote it: every hole unfilled
 SOLUTION = ROOT / "solutions" / "stage9_backward.py"

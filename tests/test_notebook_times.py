@@ -21,9 +21,9 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
-import pytest
-
 from kernels.loader import ROOT
+
+import pytest
 
 RUN_ALL_S = 180      # any one notebook
 ALL_NINE_S = 480     # nbval of all nine

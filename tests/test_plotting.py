@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 
+from kernels import masks, plotting
+from kernels.loader import ROOT
+
 import matplotlib.pyplot as plt
 import pytest
 import torch
 from matplotlib.text import Text
-
-from kernels import masks, plotting
-from kernels.loader import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

@@ -2,11 +2,11 @@
 
 import math
 
+from kernels import masks, reference, tolerance
+
 import pytest
 import torch
 import torch.nn.functional as F
-
-from kernels import masks, reference, tolerance
 
 torch.manual_seed(0)
 

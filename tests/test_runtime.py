@@ -1,10 +1,9 @@
 """kernels/runtime.py: the interpreter hook that patches triton.language once per launch."""
 
-import pytest
-import torch
-
 from kernels import runtime
 
+import pytest
+import torch
 import triton  # noqa: E402  (after kernels.runtime)
 import triton.language as tl  # noqa: E402
 
@@ -60,6 +59,7 @@ def test_loading_a_stage_file_installs_the_hook():
     """The hook comes with the loader (kernels/loader.py), which every test, notebook and worker uses."""
     import subprocess
     import sys
+
     from kernels.loader import ROOT
     code = ("from kernels import loader; loader.load_stage('stage2', 'solutions'); "
             "from triton.runtime import interpreter; print(getattr(interpreter._patch_lang, '_workbook_once', False))")

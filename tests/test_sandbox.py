@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 import pytest
 
 from grader.isolation import caches, choice, private, sandbox, seccomp, view
 from grader.isolation.mechanism import IsolationError, Mechanism
-from kernels.loader import ROOT
 
 SOCKETS = """
 import socket, sys

@@ -12,11 +12,12 @@ import subprocess
 import sys
 import tomllib
 
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import doctor, setup_plan
 from grader.setup_plan import make_plan
-from kernels.loader import ROOT
 
 UP = lambda url: True          # noqa: E731  (PyTorch's index answers)
 DOWN = lambda url: False       # noqa: E731

@@ -9,14 +9,15 @@ import subprocess
 import symtable
 import sys
 
+from kernels import solution_file
+from kernels.loader import ROOT, load_file
+
 import pytest
 
 from grader import stages
 from grader.grade import grade_stage
 from grader.publishing import publish, release
 from grader.testing.mutants import Mutant, build
-from kernels import solution_file
-from kernels.loader import ROOT, load_file
 
 SOLUTIONS = ROOT / "solutions"
 

@@ -5,11 +5,12 @@
 
 import os
 
+from kernels.loader import ROOT
+
 import pytest
 
 from grader import stages
 from grader.testing.sweep import sweep
-from kernels.loader import ROOT
 
 # The sweep grades the instructors' reference, so a learner's bundle (no solutions/) leaves this file out.
 pytestmark = pytest.mark.skipif(not (ROOT / "solutions").is_dir(), reason="no solutions/ here: nothing to sweep")
@@ -76,9 +77,11 @@ def test_a_failing_check_says_why_in_the_table():
 def test_the_sweep_without_overflow_checks_computes_the_same_margins():
     """The sweep turns off the interpreter's int32 overflow checks for speed; they must change no number."""
     import dataclasses
+
+    from kernels import runtime
+
     from grader.check import Ctx
     from grader.testing.sweep import InProcess, without_overflow_checks
-    from kernels import runtime
     if not runtime.INTERPRET:
         pytest.skip("the overflow checks are the Triton interpreter's; a GPU build has none to turn off")
     stage = stages.find("stage7")
@@ -118,8 +121,10 @@ def test_a_time_limit_stops_starting_seeds_and_the_json_says_which_ran(tmp_path,
     import json
     import os
     import time
-    from grader.testing import sweep as sweeping
+
     from kernels import tuning
+
+    from grader.testing import sweep as sweeping
     monkeypatch.setenv(tuning.AUTOTUNE_ENV, "1")
     stage, only = stages.find("stage1"), ["softmax_float16"]
     assert sweep(stage, range(5), only=only, deadline=time.time() - 1)["softmax_float16"].runs == 0
@@ -139,6 +144,7 @@ def test_sweeps_merge_into_one_record_and_one_table(tmp_path):
     import json
     import subprocess
     import sys
+
     from grader.testing import sweep as sweeping
     only = ["softmax_float16", "attention_bad_input"]
     for first in (0, 2):

@@ -36,13 +36,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
-import torch
 
 from kernels import cuda_build, runtime, tuning
 from kernels.loader import ROOT, load_stage
+
+import pytest
+import torch
 
 HARNESS = ROOT / "tests" / "tools" / "compile_targets.py"
 CACHE = ROOT / "tests" / "data" / "targets_smem.json"

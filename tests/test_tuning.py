@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from kernels import runtime, tuning
 from kernels.loader import load_stage
+
+import pytest
 
 TABLES = {"forward": tuning.FORWARD_TILES}
 

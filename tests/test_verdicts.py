@@ -2,15 +2,16 @@
 
 import re
 
+from kernels import runtime, solution_file
+from kernels.loader import ROOT
+from kernels.solution_file import BEGIN, END, render
+
 import pytest
 
 from grader import holes, stages
 from grader.grade import grade_stage
-from grader.results import format_result
 from grader.publishing import release
-from kernels import runtime, solution_file
-from kernels.solution_file import BEGIN, END, render
-from kernels.loader import ROOT
+from grader.results import format_result
 
 STAGE1, STAGE3 = stages.find("stage1"), stages.find("stage3")
 
@@ -255,11 +256,12 @@ def _mutant(stage_name: str, name: str):
 
 
 def test_notebooks_get_the_graders_diagnosis(tmp_path):
+    from kernels import loader
+
     import torch
 
     from grader import diagnose
     from grader.testing import mutants
-    from kernels import loader
     stage = stages.find("stage5")
     mutant = _mutant("stage5", "top_left_alignment")
     g = torch.Generator().manual_seed(1)
@@ -275,10 +277,11 @@ def test_notebooks_get_the_graders_diagnosis(tmp_path):
 def test_padding_columns_are_named_even_when_the_read_past_the_end_is_nan():
     """Loading q and k without the head-dim mask reads the next row's numbers into the padding columns,
     and the last head reads past the tensor: when what lies there is NaN, the cause is still named."""
+    from kernels import reference
+
     import torch
 
     from grader import diagnose
-    from kernels import reference
     g = torch.Generator().manual_seed(3)
     B, H, N, D, PAD = 1, 3, 8, 24, 32
     q, k, v = (torch.randn(B, H, N, D, generator=g, dtype=torch.float64) for _ in range(3))
@@ -305,8 +308,9 @@ def test_padding_columns_are_named_even_when_the_read_past_the_end_is_nan():
 
 def test_on_a_gpu_older_than_sm_80_its_checks_are_not_run_not_failed(monkeypatch):
     """A T4 (sm_75) has no bfloat16 and no mma.sync.m16n8k16: those checks say so instead of failing."""
-    from grader import grade
     from kernels import runtime
+
+    from grader import grade
     monkeypatch.setattr(runtime, "ON_GPU", True)
     monkeypatch.setattr(runtime, "capability", lambda: (7, 5))
 
@@ -333,7 +337,6 @@ def test_on_a_gpu_older_than_sm_80_its_checks_are_not_run_not_failed(monkeypatch
 
 def _autograd(q, k, v, do, sinks=None, **opts):
     """dq, dk, dv, dsinks of the float64 reference by autograd: the answer the diagnosis must agree with."""
-    import torch
 
     from kernels import reference
     leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
@@ -375,11 +378,12 @@ def test_gradient_diagnoses_name_the_mistake_and_blame_nothing_on_right_answers(
 
 def test_notebooks_get_the_graders_diagnosis_of_gradients(tmp_path):
     """Notebook 09's check cells name the cause of wrong gradients as the grader does, and none for right ones."""
+    from kernels import loader
+
     import torch
 
     from grader import diagnose
     from grader.testing import mutants
-    from kernels import loader
     stage = stages.find("stage9")
     mutant = _mutant("stage9", "tiled_dq_unscaled")
     g = torch.Generator().manual_seed(2)

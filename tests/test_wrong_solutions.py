@@ -3,12 +3,13 @@
 import importlib.util
 from pathlib import Path
 
+from kernels import runtime
+
 import pytest
 
 from grader import stages
 from grader.grade import grade_stage
 from grader.testing import mutants
-from kernels import runtime
 
 WRONG = Path(__file__).parent / "wrong"
 

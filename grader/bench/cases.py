@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
 from kernels import masks
+
+import torch
 
 
 @functools.lru_cache(maxsize=None)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import sys
 import time
 
-import torch
-
 from kernels import runtime
+
+import torch
 
 
 def _op():

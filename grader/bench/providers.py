@@ -7,10 +7,11 @@ import functools
 import inspect
 from typing import Callable
 
+from kernels import masks
+
 import torch
 
 from grader.bench.cases import PROVIDER_NAMES, Case, Inputs
-from kernels import masks
 
 
 class NotApplicable(Exception):

@@ -72,6 +72,7 @@ def table(rows: list[dict]) -> str:
 def machine() -> dict:
     """What the rows were measured on: the GPU and the versions (docs/performance.md says them)."""
     import platform
+
     import torch
     import triton
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no CUDA GPU)"

@@ -38,13 +38,13 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from kernels import runtime
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from kernels import runtime
 
 PROVIDERS = ("workbook", "workbook-compiled", "flex-compiled", "cudnn-compiled", "sdpa-floor", "attention-free")
 SAME_MODEL = ("workbook", "workbook-compiled", "flex-compiled")     # their loss curves must agree
@@ -170,10 +170,11 @@ def _workbook_attend():
 
 
 def _flex_attend(size: Size, device):
-    from torch.nn.attention.flex_attention import create_block_mask
-    from grader.bench.providers import _flex_with_sinks
-
     from kernels import masks
+
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from grader.bench.providers import _flex_with_sinks
 
     block_masks = {w: create_block_mask(masks.attention_mask(size.seq, size.seq, causal=True, window=w), None, None,
                                         size.seq, size.seq, device=device) for w in (None, size.window)}

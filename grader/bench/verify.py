@@ -7,7 +7,6 @@ import torch
 
 from grader.bench.cases import Case, Inputs
 
-
 Q_DIMS = ("b", "h", "i", "d")
 KV_DIMS = ("b", "h_kv", "j", "d")
 

@@ -14,11 +14,12 @@ the same tolerance and teaches with the same words:
 
 from __future__ import annotations
 
+from kernels import masks, reference, tolerance
+
 import torch
 
 from grader.check import CheckFailed
 from grader.isolation.outcomes import describe_value
-from kernels import masks, reference, tolerance
 
 MASK_OPTIONS = ("causal", "window", "sink_tokens")
 Q_DIMS = ("b", "h", "i", "d")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from kernels import reference
+
 import torch
 
 from grader.check import check
 from grader.checks.attention import attend
-from kernels import reference
 
 
 def _softmax_close(ctx, x, *, name, **kwargs):

@@ -10,11 +10,12 @@ is judged against float32, not TF32.
 
 from __future__ import annotations
 
+from kernels import reference, runtime
+
 import torch
 
 from grader import diagnose
 from grader.check import check
-from kernels import reference, runtime
 
 MARGIN = 128    # columns of NaN past the end of each row in the edge checks (more than any block)
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 
+from kernels import runtime
+
 import torch
 
 from grader.check import check
 from grader.checks.attention import attend
-from kernels import runtime
 
 
 def _describe(q, k, v, block_m, block_n) -> str:

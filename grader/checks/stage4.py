@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import concurrent.futures
 
+from kernels import cuda_build, loader
+
 import torch
 
 from grader import holes
@@ -15,7 +17,6 @@ from grader.check import check
 from grader.checks.attention import attend, label
 from grader.checks.masked_attention import needed_tiles
 from grader.isolation.outcomes import LearnerError
-from kernels import cuda_build, loader
 
 HEAD_DIMS = range(8, 257, 8)
 KERNEL_HEAD_DIMS = (40, 48, 72, 96, 104, 160, 200, 256)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from kernels import runtime
+
 import torch
 
 from grader.check import check
 from grader.checks.attention import attend
 from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
-from kernels import runtime
 
 CAUSAL = dict(causal=True)
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from kernels import runtime
+
 import torch
 
 from grader.check import check
 from grader.checks.attention import attend
 from grader.checks.masked_attention import expect_visits_exact
-from kernels import runtime
 
 GROUP_HINT = ("query head h reads K/V head h // (Hq // Hkv): heads 0..g-1 share K/V head 0, the next g "
               "share head 1 (not h % Hkv, which interleaves them)")

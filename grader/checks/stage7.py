@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from kernels import runtime
+
 import torch
 
 from grader.check import check
 from grader.checks.attention import attend
 from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
-from kernels import runtime
 
 WINDOW_HINT = "row i sees key j iff i' - W < j <= i' with i' = i + (Nk - Nq): exactly W keys, its own included"
 

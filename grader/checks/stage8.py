@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from kernels import runtime
+
 import torch
 
 from grader.check import check
 from grader.checks.attention import attend
 from grader.checks.masked_attention import expect_visits_exact, needed_tiles, visits
-from kernels import runtime
 
 TOKENS_HINT = ("keys j < sink_tokens stay visible whatever the window (but never past the row's diagonal): "
                "visit their blocks as a range of their own, masked, that stops where the window's range starts")

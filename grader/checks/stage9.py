@@ -16,10 +16,11 @@ checks that run everywhere use float16, and GPU-only checks add bfloat16 at real
 
 from __future__ import annotations
 
+from kernels import masks, reference, runtime, tolerance
+
 import torch
 
 from grader.check import check
-from kernels import masks, reference, runtime, tolerance
 
 Q_DIMS = ("b", "h", "i", "d")
 KV_DIMS = ("b", "h_kv", "j", "d")

@@ -4,9 +4,9 @@ let in, and the online softmax with a rescale left out."""
 
 from __future__ import annotations
 
-import torch
-
 from kernels import masks
+
+import torch
 
 
 def visible(nq, nk, *, causal=False, window=None, sink_tokens=0, shift=0, top_left=False) -> torch.Tensor:

@@ -17,8 +17,9 @@ import stat
 from pathlib import Path
 from typing import Self
 
-from grader.isolation.private import locked, own_record, private_dir, unlink, write_record
 from kernels.loader import ROOT
+
+from grader.isolation.private import locked, own_record, private_dir, unlink, write_record
 
 ANSWER_KEYS = ("solutions", "tests", "grader/checks", "kernels/reference.py")
 

@@ -184,6 +184,7 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
         if cut_network and not seccomp.forbid_network():
             raise RuntimeError("the grader could not install its seccomp filter, which it found working before")
         from kernels import loader, runtime
+
         import torch
         if runtime.ON_GPU:
             _start_cuda(runtime.DEVICE)

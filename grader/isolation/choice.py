@@ -21,12 +21,13 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 from grader.isolation.answer_keys import ANSWER_KEYS
 from grader.isolation.mechanism import MECHANISMS, UID_BASE, UID_SLOTS, IsolationError, Mechanism
 from grader.isolation.private import own_record, private_dir, write_record
 from grader.isolation.sandbox import Sandbox, worker_env
 from grader.isolation.view import View
-from kernels.loader import ROOT
 
 ENV = "WORKBOOK_ISOLATION"
 CHECKED_ENV = "WORKBOOK_ISOLATION_CHECKED"   # set by a batch for its gradings: the probe already ran

@@ -19,9 +19,9 @@ from __future__ import annotations
 import functools
 import sys
 
-import torch
-
 from kernels import runtime, tuning
+
+import torch
 
 KEYWORD = "_harness"
 

@@ -61,6 +61,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 from grader.isolation import choice, wire
 from grader.isolation.limits import Limits, reply_bytes
 from grader.isolation.outcomes import ImportFailed, LearnerError, Misbehaved, WorkerDied, describe_value
@@ -68,7 +70,6 @@ from grader.isolation.private import private_dir
 from grader.isolation.sandbox import Sandbox
 from grader.isolation.view import View
 from grader.isolation.wire import CHUNK, FRAME, MESSAGE_CAP, NAME_CAP, TRACEBACK_CAP
-from kernels.loader import ROOT
 
 _OUTPUT_CAP = 64 * 1024  # bytes of the learner's printed output kept for messages
 _BOOT_TIMEOUT = 120.0    # starting the worker: torch and the workbook's own modules, no learner code yet

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 from grader import BATCH_OUT_ENV, BATCH_SUBMISSION_ENV
 from grader.isolation.caches import CACHE_GID, CACHE_MOUNT, CACHE_UMASK, cache_env, share
 from grader.isolation.cgroups import CGroup
@@ -31,8 +33,6 @@ from grader.isolation.private import private_dir, unlink
 from grader.isolation.procfs import descendants, files_mb, processes_of, rss_kb, sysv_shm_mb
 from grader.isolation.uids import claim_uid, copy_for, remove_leftovers
 from grader.isolation.view import View, bind_args
-from kernels.loader import ROOT
-
 
 #: Workers do not autotune: kernels.tuning.AUTOTUNE_ENV, set to 0 (that module needs Triton to import).
 NO_AUTOTUNE = {"WORKBOOK_AUTOTUNE": "0"}

@@ -36,10 +36,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grader import COMMAND, edition_info, stages
-from grader.publishing import edition, publish, release
 from kernels.loader import ROOT
 from kernels.solution_file import MANIFEST, manifest_text, sha
+
+from grader import COMMAND, edition_info, stages
+from grader.publishing import edition, publish, release
 
 TOP_FILES = ("LICENSE", "pyproject.toml", "setup.sh", "workbook", ".gitignore")
 CODE_DIRS = ("kernels", "grader", "constraints")

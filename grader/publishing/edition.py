@@ -32,11 +32,12 @@ import json
 import os
 from pathlib import Path
 
+from kernels.loader import ROOT
+from kernels.solution_file import is_marker, sha, solution_blocks
+
 from grader.edition_info import MANIFEST, NEW, read
 from grader.isolation import files
 from grader.publishing import release
-from kernels.loader import ROOT
-from kernels.solution_file import is_marker, sha, solution_blocks
 
 #: The edition's own version of each file a learner edits (stages/, notebooks/), as last written:
 #: the common ancestor ``update --merge`` needs for a three-way merge of a ``.new``.

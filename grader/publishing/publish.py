@@ -27,10 +27,11 @@ import json
 import sys
 from pathlib import Path
 
-from grader import edition_info, stages
-from grader.publishing import edition, release
 from kernels.loader import ROOT
 from kernels.solution_file import BEGIN, END, expand_file, label_above, sha, strip_markers
+
+from grader import edition_info, stages
+from grader.publishing import edition, release
 
 FOLDER = edition_info.PUBLISHED
 

@@ -16,9 +16,10 @@ import os
 import time
 from pathlib import Path
 
-from grader.isolation import files
 from kernels.loader import ROOT
 from kernels.solution_file import MANIFEST, learner_text, manifest_text, sha, stage_files
+
+from grader.isolation import files
 
 
 def _read(path: Path) -> bytes | None:

@@ -17,10 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from kernels.loader import ROOT
+
 from grader import edition_info
 from grader.isolation import files
 from grader.publishing import edition
-from kernels.loader import ROOT
 
 
 def main(*, source: str) -> int:

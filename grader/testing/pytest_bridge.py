@@ -18,6 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
+from kernels import loader, solution_file
+
 import pytest
 
 from grader import stages
@@ -25,7 +27,7 @@ from grader.check import session_seed
 from grader.grade import run_check, snapshot_stage
 from grader.isolation.outcomes import ImportFailed
 from grader.isolation.runner import Runner
-from kernels import loader, solution_file
+
 
 def pytest_addoption(parser):
     parser.addoption("--source", default=None,

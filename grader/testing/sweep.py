@@ -24,6 +24,8 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, fields
 
+from kernels import loader, runtime
+
 import torch
 
 from grader import stages
@@ -31,7 +33,6 @@ from grader.check import CheckFailed, CheckSkipped, Ctx
 from grader.isolation.child import to_cpu, to_device
 from grader.isolation.outcomes import LearnerError
 from grader.isolation.sandbox import NO_AUTOTUNE
-from kernels import loader, runtime
 
 
 def without_overflow_checks() -> bool:

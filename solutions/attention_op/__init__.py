@@ -70,9 +70,9 @@ Usage::
     model = torch.compile(model, fullgraph=True)        # no graph break, CUDA graphs work too
 """
 
-from .plans import launch_plan, s9
-from .library import attention_backward, attention_forward
 from .api import HEAD_DIMS, LAYOUTS, attention
+from .library import attention_backward, attention_forward
+from .plans import launch_plan, s9
 
 __all__ = ["attention", "attention_forward", "attention_backward", "launch_plan", "LAYOUTS", "HEAD_DIMS",
            "s9"]       # s9: the stage 9 solution module whose kernels the op launches

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 
+from kernels import runtime
+
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_mode
-
-from kernels import runtime
 
 from .launch import _backward, _call_key, _forward, _launcher
 from .library import attention_forward

@@ -8,14 +8,12 @@ kernel, and in eager mode the kernel itself or :class:`_Launch`.
 
 from __future__ import annotations
 
-import torch
-
 from kernels import runtime
 
-from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9
-
+import torch
 import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
 
+from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9
 
 # =============================================================================================
 # The outputs, allocated the same way by the ops and by their fake implementations, so that

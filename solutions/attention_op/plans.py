@@ -8,11 +8,11 @@ only ever meets a bare kernel with fixed meta-parameters, and eager calls skip t
 
 from __future__ import annotations
 
-import torch
-from torch.utils._python_dispatch import _disable_current_modes
-
 from kernels import runtime, tuning
 from kernels.loader import ROOT, load_file
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 s9 = load_file(ROOT / "solutions" / "stage9_backward.py")     # the kernels, their tables and autotuners
 

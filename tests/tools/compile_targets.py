@@ -47,15 +47,15 @@ if "triton" in sys.modules:
                      "run this file as a script")
 os.environ.pop("TRITON_INTERPRET", None)
 
+from kernels import tuning  # noqa: E402
+from kernels.loader import load_stage  # noqa: E402
+
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton import knobs  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime import driver  # noqa: E402
-
-from kernels import tuning  # noqa: E402
-from kernels.loader import load_stage  # noqa: E402
 
 #: Every target the workbook promises to fit: capability, shared memory one block may use (bytes).
 TARGETS = {

@@ -13,13 +13,16 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
 import torch
+
 sys.path.insert(0, os.getcwd())
 from kernels.loader import load_file
-import triton
-from triton.testing import do_bench
-from torch.nn.attention import sdpa_kernel, SDPBackend
+
 import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
 
 SRC = Path("solutions/fast_forward_tma.py").read_text()
 SOL = str(Path("solutions").resolve())

@@ -10,13 +10,14 @@ docs/hopper-notes.md says what it measured.
 import itertools
 import json
 import os
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
-import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 from triton.tools.tensor_descriptor import TensorDescriptor
-from torch.nn.attention import sdpa_kernel, SDPBackend
 
 
 @triton.jit
