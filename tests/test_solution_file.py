@@ -303,40 +303,41 @@ import sys, torch
 from kernels import reference, runtime
 q, k, v = (runtime.randn(1, 2, 40, 16, dtype=torch.float32) for _ in range(3))
 o_ref, lse_ref = reference.attention(q, k, v, causal=True)
+tol = 1e-4 if runtime.INTERPRET else 1e-2      # a GPU's float32 dots may round through TF32
 """
 _CALLS = {
     "stage5_causal": "from solutions.stage5_causal import flash_attention\n"
                      "o, lse = flash_attention(q, k, v, causal=True)\n"
                      "assert flash_attention.__module__ == 'solutions.stage5_causal'\n"
-                     "assert (o.double() - o_ref).abs().max() < 1e-4 and (lse.double() - lse_ref).abs().max() < 1e-4\n",
+                     "assert (o.double() - o_ref).abs().max() < tol and (lse.double() - lse_ref).abs().max() < tol\n",
     "stage6_gqa": "from solutions.stage6_gqa import flash_attention\n",
     "stage7_sliding_window": "from solutions.stage7_sliding_window import flash_attention\n",
     "stage8_sinks": "from solutions.stage8_sinks import flash_attention\n"
-                    "sinks = torch.tensor([-1.0, 2.0])\n"
+                    "sinks = torch.tensor([-1.0, 2.0], device=q.device)\n"
                     "o, lse = flash_attention(q, k[:, :1], v[:, :1], causal=True, window=9, sink_tokens=3, sinks=sinks)\n"
                     "o_ref, lse_ref = reference.attention(q, k[:, :1], v[:, :1], causal=True, window=9, "
                     "sink_tokens=3, sinks=sinks)\n"
-                    "assert (o.double() - o_ref).abs().max() < 1e-4 and (lse.double() - lse_ref).abs().max() < 1e-4\n",
+                    "assert (o.double() - o_ref).abs().max() < tol and (lse.double() - lse_ref).abs().max() < tol\n",
     "stage9_backward": "from solutions.stage9_backward import attention\n"
                        "do = runtime.randn(1, 2, 40, 16, dtype=torch.float32)\n"
                        "leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]\n"
                        "o = attention(*leaves, causal=True, window=9)\n"
                        "o.backward(do)\n"
                        "ref = reference.attention_grads(q, k, v, do, causal=True, window=9)\n"
-                       "assert (o.double() - ref[0]).abs().max() < 1e-4\n"
+                       "assert (o.double() - ref[0]).abs().max() < tol\n"
                        "for leaf, grad in zip(leaves, ref[1:4]):\n"
-                       "    assert (leaf.grad.double() - grad).abs().max() < 1e-3\n",
+                       "    assert (leaf.grad.double() - grad).abs().max() < 10 * tol\n",
 }
 
 
 @pytest.mark.parametrize("module", sorted(_CALLS))
 def test_a_solution_imports_and_runs_as_plain_python(module):
     """``python -c "from solutions.stage5_causal import flash_attention"``, then a call, in a fresh
-    Python on the CPU (Triton's interpreter): no loader, no expansion, the file as it is."""
+    Python (on the CPU, Triton's interpreter): no loader, no expansion, the file as it is."""
     script = _SMALL + _CALLS[module] + (
         "assert not [m for m in sys.modules if m.startswith('workbook_')], 'loaded through kernels.loader'\n"
         f"assert sys.modules['solutions.{module}'].__file__ == {str(SOLUTIONS / (module + '.py'))!r}\n")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH="")
+    env = dict(os.environ, PYTHONPATH="")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
