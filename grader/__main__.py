@@ -106,7 +106,8 @@ def _add_stage_options(p) -> None:
     p.add_argument("--notebook", action="store_true",
                    help="also run the stage's notebook with nbval, as you, outside the sandbox (so not with "
                         "--submission)")
-    p.add_argument("--only", action="append", metavar="CHECK", help="run only this check (repeatable; --list names them)")
+    p.add_argument("--only", action="append", metavar="CHECK",
+                   help="run only this check (repeatable; --list names them)")
     p.add_argument("--list", action="store_true", dest="list_checks",
                    help="list the stage's checks, their points and what they need, and run nothing")
     p.add_argument("--format", choices=("table", "json", "gradescope"), default="table",

@@ -111,8 +111,8 @@ def version(root: Path = ROOT) -> str:
 #: The files besides a stage's own check modules whose change can change a verdict: the shared check
 #: helpers (every file of grader/checks/ that is not one stage's), how a check runs and is timed, and
 #: the reference and tolerances the answers are compared with.
-GRADING_SOURCES = ("grader/check.py", "grader/grade.py", "grader/results.py", "grader/isolation/limits.py", "kernels/reference.py",
-                   "kernels/tolerance.py", "kernels/masks.py")
+GRADING_SOURCES = ("grader/check.py", "grader/grade.py", "grader/results.py", "grader/isolation/limits.py",
+                   "kernels/reference.py", "kernels/tolerance.py", "kernels/masks.py")
 
 
 def checks_digest(stage, root: Path = ROOT) -> str:

@@ -2,7 +2,8 @@
 
 A check is a plain function ``def name(ctx: Ctx)`` registered with ``@check(points=...)``.
 It builds inputs in the grader's process, calls learner code through ``ctx.learner``
-(which runs it in the worker), and judges the result with ``ctx.close`` / ``ctx.expect`` (attention with grader/checks/attention.py).
+(which runs it in the worker), and judges the result with ``ctx.close`` / ``ctx.expect``
+(attention with grader/checks/attention.py).
 It passes by returning and fails by raising ``CheckFailed`` with a message that teaches.
 
     @check(points=2, hint="rescale the running sum whenever the running max grows")
@@ -186,8 +187,8 @@ class Ctx:
         if not condition:
             raise CheckFailed(message)
 
-    def close(self, out, ref, baseline, *, name: str, factor: float = tolerance.OUTPUT_FACTOR, floor: float | None = None,
-              dims=None, row_dim=None, block_m=None, explain=None) -> None:
+    def close(self, out, ref, baseline, *, name: str, factor: float = tolerance.OUTPUT_FACTOR,
+              floor: float | None = None, dims=None, row_dim=None, block_m=None, explain=None) -> None:
         """Fail unless ``out`` is within the tolerance rule of the float64 ``ref`` (see kernels.tolerance).
 
         ``explain(allowed)``, when given, names the likely mistake of a wrong ``out`` (a grader.diagnose

@@ -157,7 +157,8 @@ def gather() -> Facts:
         imported_from[name] = str(Path(module.__file__).resolve().parent)
     return Facts(
         platform=sys.platform, machine=platform.machine(), python=tuple(sys.version_info[:3]),
-        torch=torch.__version__, torch_cuda=torch.version.cuda, triton=_dist_version("triton") if runtime.HAS_TRITON else None, gpu=_gpu(),
+        torch=torch.__version__, torch_cuda=torch.version.cuda,
+        triton=_dist_version("triton") if runtime.HAS_TRITON else None, gpu=_gpu(),
         interpret_forced=os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") and torch.cuda.is_available(),
         owners={name: sorted(set(owners.get(name, []))) for name in TOP_LEVEL},
         imported_from=imported_from,
@@ -347,7 +348,8 @@ def stage_rows(f: Facts) -> list[tuple[str, str]]:
         gpu_only = [c for c in checks if c.gpu]
         skipped = [] if f.gpu else gpu_only
         if f.gpu and f.gpu.capability < (8, 0):
-            skipped = [c for c in gpu_only if "bfloat16" in c.name or c.sm > 10 * f.gpu.capability[0] + f.gpu.capability[1]]
+            sm = 10 * f.gpu.capability[0] + f.gpu.capability[1]
+            skipped = [c for c in gpu_only if "bfloat16" in c.name or c.sm > sm]
         if stage.number == 4 and not f.nvcc:
             skipped += [c for c in checks if c.name == "cuda_source_compiles" and c not in skipped]
         ran = len(checks) - len(skipped)

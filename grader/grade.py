@@ -157,7 +157,7 @@ def run_check(check, runner: Runner, seed: int, *, deadline: float | None = None
         tail = _crash_context(runner.output_tail(4000), runner.stage)
         if tail:
             message += f"; last output: {tail}"
-    except Exception as exc:  # noqa: BLE001 - the check could not use what came back: this check fails, no other
+    except Exception as exc:  # the check could not use what came back: this check fails, no other
         status, hint = "FAIL", ""
         if runner.last_call:
             fn_name, what = runner.last_call
@@ -494,7 +494,7 @@ def _run_checks(checks, make_runner, seed: int, deadline: float, limits: Limits,
                         with lock:
                             state["import"] = state["import"] or (exc, tail)
                         return
-        except BaseException as exc:  # noqa: BLE001 - the grader's own failure, raised again in the caller
+        except BaseException as exc:  # the grader's own failure, raised again in the caller
             with lock:
                 state["error"] = state["error"] or exc
 

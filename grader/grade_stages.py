@@ -74,7 +74,7 @@ def main(stage_names: str, *, solutions: bool = False, submission: str | None = 
         key = progress.key_of(stage, source) if source in ("stages", "solutions") and not (only or overrides) else None
         try:
             result = grade_stage(stage, source, only=only, limits=limits, jobs=jobs)
-        except Exception as exc:  # noqa: BLE001 - the grader's own failure: reported as one, never as a score
+        except Exception as exc:  # the grader's own failure: reported as one, never as a score
             if table:
                 raise
             traceback.print_exc()

@@ -65,12 +65,11 @@ def waiting(stage, todo: str) -> str:
 def checker(stage, todo: str = ""):
     """``check(what, run, todo=...)`` for the notebook of ``stage`` (the loaded stage module);
     ``todo`` here is the default for checks that name none."""
-    path = Path(stage.__file__)
 
     def check(what: str, run, todo: str = todo) -> None:
         try:
             problems, raised = run(), None
-        except Exception as exc:  # noqa: BLE001 - a learner's error is a verdict, not a crash
+        except Exception as exc:  # a learner's error is a verdict, not a crash
             problems, raised = [], exc
         if not problems and raised is None:
             print(f"{what}: passed")

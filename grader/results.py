@@ -149,7 +149,8 @@ def format_result(stage: Stage, result: StageResult, *, width: int | None = None
         lines.append(f"  {hidden_summary(result.results)}")
     lines.append("  " + score_line(result))
     workers = f" on {result.workers} workers" if result.workers > 1 else ""
-    lines.append(f"  {result.seconds:.1f} s{workers}; inputs seed {result.seed} (WORKBOOK_SEED={result.seed} repeats them)")
+    lines.append(f"  {result.seconds:.1f} s{workers}; inputs seed {result.seed} "
+                 f"(WORKBOOK_SEED={result.seed} repeats them)")
     return "\n".join(lines)
 
 
@@ -163,7 +164,8 @@ def score_line(result: StageResult) -> str:
         text += (f"; {sum(r.points for r in gpu)} GPU points pending "
                  f"({', '.join(r.name if not r.hidden else 'hidden' for r in gpu)}: they run on a CUDA GPU)")
     if other:
-        text += f"; {sum(r.points for r in other)} points not run here ({', '.join(r.name for r in other)}: see why above)"
+        text += (f"; {sum(r.points for r in other)} points not run here "
+                 f"({', '.join(r.name for r in other)}: see why above)")
     return text
 
 

@@ -31,7 +31,8 @@ ENV = "WORKBOOK_SANITIZER_LOG"  # set in the sanitized run: it is not started ag
 def find() -> str | None:
     """compute-sanitizer from PATH, $CUDA_HOME/bin or /usr/local/cuda/bin."""
     candidates = [shutil.which("compute-sanitizer")]
-    candidates += [str(Path(d) / "bin" / "compute-sanitizer") for d in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if d]
+    candidates += [str(Path(d) / "bin" / "compute-sanitizer")
+                   for d in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if d]
     return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
 
 

@@ -43,7 +43,10 @@ _loaded: dict[str, ctypes.CDLL] = {}
 def cache_dir() -> Path:
     """The folder builds are kept in (created on demand)."""
     env = os.environ.get("WORKBOOK_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "flash-attention-workbook"
+    if env:
+        base = Path(env)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "flash-attention-workbook"
     return base / "cuda"
 
 

@@ -1,9 +1,9 @@
 """The workbook's one tolerance rule, and error reports a learner can act on.
 
 FlashAttention's rule: a kernel's error against the float64 reference may be at most
-``factor`` times (``OUTPUT_FACTOR`` = 2 for outputs, ``GRADIENT_FACTOR`` = 3 for gradients) the error that plain PyTorch makes doing
-the same computation in the input's dtype, plus a small floor.  A kernel is then held to
-"as accurate as PyTorch", whatever the dtype.
+``factor`` times (``OUTPUT_FACTOR`` = 2 for outputs, ``GRADIENT_FACTOR`` = 3 for gradients) the
+error that plain PyTorch makes doing the same computation in the input's dtype, plus a small
+floor.  A kernel is then held to "as accurate as PyTorch", whatever the dtype.
 
 On a GPU, Triton's float32 ``tl.dot`` uses TF32 (10-bit mantissa): the tensor cores read the
 float32 operands and ignore their low 13 mantissa bits.  ``truncate_tf32`` lets the PyTorch
@@ -157,7 +157,8 @@ def default_floor(ref: torch.Tensor) -> float:
     return 4 * EPS32 * (1.0 + (float(finite.abs().max()) if finite.numel() else 1.0))
 
 
-def allowed(ref: torch.Tensor, baseline: torch.Tensor, *, factor: float = OUTPUT_FACTOR, floor: float | None = None) -> float:
+def allowed(ref: torch.Tensor, baseline: torch.Tensor, *, factor: float = OUTPUT_FACTOR,
+            floor: float | None = None) -> float:
     """The largest error the rule allows against the float64 ``ref``: ``factor`` x the error of the plain
     PyTorch ``baseline`` + a floor (``default_floor`` unless given).  For checks that judge a quantity
     derived from outputs (notebooks' identities), with the grader's own numbers."""

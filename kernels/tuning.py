@@ -30,7 +30,7 @@ import os
 
 from kernels import runtime
 
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 
 #: (query, key) pairs per (batch, head) from which the autotuner is used (2048 x 2048).
 TUNE_FROM = 2048 * 2048

@@ -51,9 +51,9 @@ from kernels import runtime, tuning, validate
 from kernels.loader import load_file
 
 import torch
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _HERE = Path(__file__).resolve().parent
 _stage9 = load_file(_HERE / "stage9_backward.py")
@@ -130,8 +130,8 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, heads, 
     return dk, dv
 
 
-@tuning.autotune(DKDV_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS", "GROUP"],
-                 pre_hook=_dkdv_tile_shapes)
+@tuning.autotune(DKDV_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
+                                  "GROUP"], pre_hook=_dkdv_tile_shapes)
 @triton.jit
 def _tma_dkdv_kernel(
     desc_q, desc_do, desc_lse, desc_delta, K, V, DK, DV,

@@ -48,9 +48,9 @@ from kernels import runtime, tuning, validate
 from kernels.loader import load_file
 
 import torch
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 # The ranges of key blocks are stage 9's public key_blocks_of (stage 8's, seen from a query
 # block): this forward skips exactly the blocks the pointer-grid one skips.

@@ -97,8 +97,9 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
 
     q: (B, H, Nq, D); k, v: (B, H, Nk, D); D a multiple of 8 from 16 to 256; any Nq, Nk >= 1;
     float16 or bfloat16 on an sm_90 GPU (H100, H200).  Inputs that are not contiguous, or do
-    not start on 16 bytes, are copied first (the TMA wants 16-byte aligned tensors).  ``block_n`` (a multiple of 16 up to 256),
-    ``warpgroups`` (1, 2 or 3; 64 query rows each) and ``stages`` (2, 3 or 4) override the plan.
+    not start on 16 bytes, are copied first (the TMA wants 16-byte aligned tensors).
+    ``block_n`` (a multiple of 16 up to 256), ``warpgroups`` (1, 2 or 3; 64 query rows each) and
+    ``stages`` (2, 3 or 4) override the plan.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, sm_scale=sm_scale, dtypes=(torch.float16, torch.bfloat16))

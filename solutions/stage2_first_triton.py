@@ -33,8 +33,8 @@ import torch
 
 from kernels import runtime, validate
 
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
 
 
 # ----------------------------------------------------------------------------------------------

@@ -35,8 +35,8 @@ import torch
 
 from kernels import runtime, tuning, validate
 
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
 
 from solutions.stage3_flash_forward import LOG2E, LN2, HEAD_DIMS  # given
 

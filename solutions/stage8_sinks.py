@@ -51,8 +51,8 @@ import torch
 
 from kernels import runtime, tuning, validate
 
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
 
 from solutions.stage3_flash_forward import LOG2E, LN2, HEAD_DIMS  # given
 
@@ -277,7 +277,8 @@ if __name__ == "__main__":
         print(f"{', '.join(f'{n}={x}' for n, x in opts.items() if n != 'sinks')}"
               f"{' learned sinks ' + str(sinks.tolist()) if 'sinks' in opts else ''}: "
               f"max |o - ref| = {(o.double() - o_ref).abs().max().item():.2e}, "
-              f"max |lse - ref| = {(lse.double() - lse_ref).abs().max().item():.2e}, key blocks loaded {int(visits.sum())}")
+              f"max |lse - ref| = {(lse.double() - lse_ref).abs().max().item():.2e}, "
+              f"key blocks loaded {int(visits.sum())}")
     if runtime.ON_GPU:
         from triton.testing import do_bench
         q = torch.randn(1, 64, 8192, 64, device="cuda", dtype=torch.bfloat16)

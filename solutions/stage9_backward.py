@@ -51,8 +51,8 @@ import torch
 
 from kernels import masks, runtime, tuning, validate
 
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
 
 # The forward is stage 8's, complete (causal, GQA, sliding window, sink tokens, learned sinks).
 # Its helpers are the backward's too: the whole visibility rule (_attention_mask, from _visible,
@@ -402,7 +402,7 @@ def _bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
 ):
-    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)   # float32 under torch.compile too
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile too
     pid_n = tl.program_id(0)        # which block of keys
     pid_bh = tl.program_id(1)       # which (batch, KV head)
     b = pid_bh // H_KV
@@ -512,7 +512,7 @@ def _bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
 ):
-    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)   # float32 under torch.compile too
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile too
     pid_m = tl.program_id(0)        # which block of query rows
     pid_bh = tl.program_id(1)       # which (batch, query head)
     b = pid_bh // H_Q
@@ -782,11 +782,13 @@ if __name__ == "__main__":
     for attend, opts in [(attend, opts) for attend in (tiled_attention, attention)
                          for opts in (dict(), dict(causal=True), dict(causal=True, window=32, sink_tokens=4))]:
         grads = torch.autograd.grad(attend(q, k, v, sinks=sinks, **opts), (q, k, v, sinks), do)
-        leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)] + [sinks.detach().clone().requires_grad_(True)]
+        leaves = ([t.detach().double().requires_grad_(True) for t in (q, k, v)]
+                  + [sinks.detach().clone().requires_grad_(True)])
         o_ref, _ = reference.attention(*leaves[:3], sinks=leaves[3], **opts)
         refs = torch.autograd.grad(o_ref, leaves, do.double())
         print(f"{attend.__name__}, {opts or 'no mask'}, GQA 4/2, learned sinks: max |grad - ref| " + ", ".join(
-            f"{n} {(g.double() - r).abs().max().item():.1e}" for n, g, r in zip(("dq", "dk", "dv", "dsinks"), grads, refs)))
+            f"{n} {(g.double() - r).abs().max().item():.1e}"
+            for n, g, r in zip(("dq", "dk", "dv", "dsinks"), grads, refs)))
     if runtime.ON_GPU:
         from triton.testing import do_bench
         q = torch.randn(1, 64, 8192, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -46,8 +46,8 @@ import torch
 
 from kernels import runtime, tuning, validate
 
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
 
 # Constants of stage 3: LOG2E for the wrapper, LN2 for kernels, the head dims the kernels take.
 LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E); the wrapper folds it into the scale

@@ -35,8 +35,8 @@ import torch
 
 from kernels import runtime, tuning, validate
 
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
 
 LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E); the wrapper folds it into the scale
 LN2 = tl.constexpr(0.6931471805599453)   # ln(2): log(x) == log2(x) * LN2; a constexpr, so kernels may read it

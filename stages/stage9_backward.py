@@ -51,8 +51,8 @@ import torch
 
 from kernels import masks, runtime, tuning, validate
 
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
-import triton.language as tl  # noqa: E402
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+import triton.language as tl
 
 # The forward is stage 8's, complete (causal, GQA, sliding window, sink tokens, learned sinks).
 # Its helpers are the backward's too: the whole visibility rule (_attention_mask, from _visible,
@@ -661,7 +661,7 @@ def _bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
 ):
-    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)   # float32 under torch.compile too
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile too
     pid_n = tl.program_id(0)        # which block of keys
     pid_bh = tl.program_id(1)       # which (batch, KV head)
     b = pid_bh // H_KV
@@ -759,7 +759,7 @@ def _bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, COUNT_VISITS: tl.constexpr,
 ):
-    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)   # float32 under torch.compile too
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile too
     pid_m = tl.program_id(0)        # which block of query rows
     pid_bh = tl.program_id(1)       # which (batch, query head)
     b = pid_bh // H_Q

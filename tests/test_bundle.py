@@ -34,7 +34,8 @@ def test_hidden_checks_count_but_are_never_named_to_the_learner(tmp_path):
     assert HIDDEN, "stage 1 keeps an example hidden check in grader/checks/hidden/stage1.py"
     hidden = HIDDEN[0]
     wrong = mutants.Mutant("drops_last_block", "drops a partial last key block",
-                           edits=[("for j0 in range(0, Nk, block_n):", "for j0 in range(0, Nk - block_n + 1, block_n):")])
+                           edits=[("for j0 in range(0, Nk, block_n):",
+                                   "for j0 in range(0, Nk - block_n + 1, block_n):")])
     folder = mutants.build(STAGE1, wrong, tmp_path / "sub")
     result = grade_stage(STAGE1, str(folder), only=[hidden.name, "softmax_float16"])
     verdict = {r.name: r for r in result.results}

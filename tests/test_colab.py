@@ -92,7 +92,8 @@ def test_the_colab_branch_clones_installs_and_says_how_to_grade(kernel, tmp_path
             assert f"flash-attention-workbook/stages/{stage.module}.py" in out and f"!workbook {stage.name}" in out
         # A CPU session: nvidia-smi finds no GPU (a stand-in that fails, so that a real nvidia-smi
         # later on PATH, on a GPU machine, is not consulted); the cell says how to get one.
-        smi.write_text('#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver." >&2\nexit 9\n')
+        smi.write_text('#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate with the NVIDIA '
+                       'driver." >&2\nexit 9\n')
         out = _run(kernel, _text(_cells(NOTEBOOKS[0])[1]))
         assert "GPU: none. For GPU checks: Runtime > Change runtime type > T4 GPU" in out
     finally:

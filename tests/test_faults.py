@@ -89,7 +89,8 @@ FAULTS = [
           SOFTMAX, "crash", ("does not let stage code import solutions", "the reference solutions"),
           import_error=True),
     Fault("loads_solutions_by_path", at(RETURN, "    import importlib.util\n"
-                                                f"    spec = importlib.util.spec_from_file_location('s', {SOLUTIONS_FILE!r})\n"
+                                                "    spec = importlib.util.spec_from_file_location("
+                                                f"'s', {SOLUTIONS_FILE!r})\n"
                                                 "    module = importlib.util.module_from_spec(spec)\n"
                                                 "    spec.loader.exec_module(module)\n"
                                                 "    return module.flash_attention(q, k, v, block_m=block_m, "
@@ -174,7 +175,8 @@ def test_sanitize_runs_the_grading_under_memcheck(tmp_path):
     assert cmd[1:5] == ["--tool", "memcheck", "--target-processes", "all"]
     assert cmd[-5:] == ["-m", "grader", "stage3", "--only", "x"]
     (tmp_path / "s.log").write_text("========= COMPUTE-SANITIZER\n========= Invalid __global__ write of size 4 bytes\n"
-                                    "=========     at _attn_fwd+0x1a0\nnoise\n=========\n========= ERROR SUMMARY: 1 error\n")
+                                    "=========     at _attn_fwd+0x1a0\nnoise\n=========\n"
+                                    "========= ERROR SUMMARY: 1 error\n")
     assert [ln.strip("= ") for ln in sanitize.errors(tmp_path / "s.log")] == [
         "COMPUTE-SANITIZER", "Invalid __global__ write of size 4 bytes", "at _attn_fwd+0x1a0", "ERROR SUMMARY: 1 error"]
     if not torch.cuda.is_available():

@@ -32,7 +32,8 @@ def test_render_replaces_solution_blocks_and_keeps_todos():
     out = solution_file.render(text, "s.py")
     assert "# TODO: add" in out and "return 1" not in out and "demo" not in out
     assert 'raise NotImplementedError("s.py: the TODO above is not written yet")' in out
-    labelled = solution_file.render("def f():\n    # TODO(1a): add\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n", "s.py")
+    labelled = solution_file.render("def f():\n    # TODO(1a): add\n    # BEGIN SOLUTION\n    return 1\n"
+                                    "    # END SOLUTION\n", "s.py")
     assert 'raise NotImplementedError("s.py: TODO(1a) is not written yet")' in labelled
     assert out.rstrip().endswith("    pass")
     with pytest.raises(solution_file.MarkerError, match="never closed"):
@@ -92,7 +93,9 @@ def test_import_error_is_reported_for_every_check(tmp_path):
 
 
 def test_cli_lists_stages_for_an_unknown_name_and_exit_codes():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "grader", *a], cwd=ROOT, capture_output=True, text=True)
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "grader", *args], cwd=ROOT, capture_output=True, text=True)
+
     bad = run("stage42")
     assert bad.returncode == 2 and "stage1 (stage1_online_softmax)" in bad.stderr
     good = run("stage1", "--solutions", "--only", "softmax_float16")

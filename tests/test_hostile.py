@@ -91,7 +91,8 @@ def flash_attention(q, k, v, **kwargs):
 
 
 def indent(code: str, n: int = 4) -> str:
-    return "\n".join(" " * n + line if line.strip() else line for line in code.strip("\n").splitlines()) or " " * n + "pass"
+    lines = code.strip("\n").splitlines()
+    return "\n".join(" " * n + line if line.strip() else line for line in lines) or " " * n + "pass"
 
 
 # name -> (attack at import time, attack inside online_softmax)
@@ -255,8 +256,9 @@ with open('/tmp/fill', 'wb') as f:
         f.write(b'x' * (1 << 20))
 """),
 }
-READS = {"proc_environ", "guard_off", "subprocess_cat", "os_system", "posix_spawn", "dir_fd", "ctypes_open", "reference_pyc",
-         "reference_reload", "proc_root", "peer_snapshots", "network", "symlink_file", "symlink_folder"}
+READS = {"proc_environ", "guard_off", "subprocess_cat", "os_system", "posix_spawn", "dir_fd", "ctypes_open",
+         "reference_pyc", "reference_reload", "proc_root", "peer_snapshots", "network", "symlink_file",
+         "symlink_folder"}
 LIMIT_ATTACKS = {"shm_file": "memory", "shared_mmap": "memory", "fork_bomb": "processes", "disk_fill": "disk"}
 
 

@@ -92,14 +92,16 @@ def _readable_python(top: Path) -> str | None:
     base = "/usr/bin/python3"
     if not os.path.exists(base):
         return None
-    version = subprocess.run([base, "-c", "import sys; print(sys.version_info[:2])"], check=False, capture_output=True, text=True)
+    version = subprocess.run([base, "-c", "import sys; print(sys.version_info[:2])"],
+                             check=False, capture_output=True, text=True)
     if version.stdout.strip() != str(tuple(sys.version_info[:2])):
         return None
     venv = top / "venv"
     made = subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=False, capture_output=True, text=True)
     if made.returncode != 0:
         return None
-    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+    site = subprocess.run([str(venv / "bin" / "python"), "-c",
+                           "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           check=False, capture_output=True, text=True).stdout.strip()
     packages = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
     Path(site, "workbook-packages.pth").write_text("".join(f"{p}\n" for p in sorted(packages)))

@@ -40,14 +40,16 @@ def test_filled_code_fails_with_its_problems_or_passes(tmp_path, capsys):
 
     def boom():
         raise ValueError("sinks: got shape (3,), expected (4,)\nmore detail")
-    assert _printed(capsys, SOLUTION, boom) == "dq, causal: FAILED, it raised ValueError: sinks: got shape (3,), expected (4,)\n"
+    assert _printed(capsys, SOLUTION, boom) == \
+        "dq, causal: FAILED, it raised ValueError: sinks: got shape (3,), expected (4,)\n"
 
 
 def test_a_hole_filled_elsewhere_is_not_blamed(tmp_path, capsys):
     text = LEARNER.read_text()
     line = _line_of(LEARNER, "TODO(9b)")
     lines = text.splitlines(keepends=True)
-    stub = next(i for i in range(line, len(lines)) if lines[i].strip() in ("pass", ) or "NotImplementedError" in lines[i])
+    stub = next(i for i in range(line, len(lines))
+                if lines[i].strip() in ("pass", ) or "NotImplementedError" in lines[i])
     lines[stub] = lines[stub].replace(lines[stub].strip(), "delta = 0.0")
     edited = tmp_path / LEARNER.name
     edited.write_text("".join(lines))

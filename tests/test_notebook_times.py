@@ -99,7 +99,8 @@ def test_every_notebook_runs_in_minutes_on_a_fresh_gpu(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     seconds = notebook_seconds(junit.read_text())
     slowest = sorted(cell_seconds(junit.read_text()), key=lambda c: -c[2])[:6]
-    record = {"wall_s": round(wall, 1), "limits_s": {"run_all": RUN_ALL_S, "all_nine": ALL_NINE_S}, "notebooks_s": {k: round(v, 1) for k, v in sorted(seconds.items())},
+    record = {"wall_s": round(wall, 1), "limits_s": {"run_all": RUN_ALL_S, "all_nine": ALL_NINE_S},
+              "notebooks_s": {k: round(v, 1) for k, v in sorted(seconds.items())},
               "slowest_cells": [[nb, cell, round(s, 1)] for nb, cell, s in slowest]}
     print(json.dumps(record, indent=1))
     out = os.environ.get("WORKBOOK_NOTEBOOK_TIMES")

@@ -4,8 +4,8 @@ from kernels import runtime
 
 import pytest
 import torch
-import triton  # noqa: E402  (after kernels.runtime)
-import triton.language as tl  # noqa: E402
+import triton  # after kernels.runtime
+import triton.language as tl
 
 pytestmark = pytest.mark.skipif(not runtime.INTERPRET, reason="the hook is for Triton's CPU interpreter")
 

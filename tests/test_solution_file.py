@@ -314,7 +314,8 @@ _CALLS = {
     "stage7_sliding_window": "from solutions.stage7_sliding_window import flash_attention\n",
     "stage8_sinks": "from solutions.stage8_sinks import flash_attention\n"
                     "sinks = torch.tensor([-1.0, 2.0], device=q.device)\n"
-                    "o, lse = flash_attention(q, k[:, :1], v[:, :1], causal=True, window=9, sink_tokens=3, sinks=sinks)\n"
+                    "o, lse = flash_attention(q, k[:, :1], v[:, :1], causal=True, window=9, sink_tokens=3, "
+                    "sinks=sinks)\n"
                     "o_ref, lse_ref = reference.attention(q, k[:, :1], v[:, :1], causal=True, window=9, "
                     "sink_tokens=3, sinks=sinks)\n"
                     "assert (o.double() - o_ref).abs().max() < tol and (lse.double() - lse_ref).abs().max() < tol\n",

@@ -148,7 +148,8 @@ def test_sweeps_merge_into_one_record_and_one_table(tmp_path):
     from grader.testing import sweep as sweeping
     only = ["softmax_float16", "attention_bad_input"]
     for first in (0, 2):
-        assert sweeping.main("stage1", seeds=2, first_seed=first, only=only, json_path=str(tmp_path / f"{first}.json")) == 0
+        json_path = str(tmp_path / f"{first}.json")
+        assert sweeping.main("stage1", seeds=2, first_seed=first, only=only, json_path=json_path) == 0
     parts = [json.loads((tmp_path / f"{first}.json").read_text()) for first in (0, 2)]
     merged = sweeping.merge(parts)
     assert merged["seeds_done"] == {"stage1": [0, 1, 2, 3]}

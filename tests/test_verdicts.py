@@ -191,7 +191,10 @@ def test_progress_caches_by_content_and_names_the_next_stage(tmp_path, monkeypat
     assert f"notebooks/{STAGE1.notebook}" in first.getvalue()
     progress.progress(str(folder), out=second)
     assert "grading stage1" not in second.getvalue() and "1 stage(s) unchanged" in second.getvalue()
-    table = lambda out: [ln for ln in out.getvalue().splitlines() if ln.startswith("  stage1 ")]
+
+    def table(out):
+        return [ln for ln in out.getvalue().splitlines() if ln.startswith("  stage1 ")]
+
     assert table(first) == table(second)
     (folder / f"{STAGE1.module}.py").write_text(text + "\n# an edit\n")     # new content: graded again
     third = io.StringIO()

@@ -54,9 +54,10 @@ reference, within 3x PyTorch's own bfloat16 error.  A provider that fails is rep
 
 Memory: after the check, each provider runs once more (a forward; for backward cases its forward
 and then its backward) while torch.cuda tracks the peak of allocated memory; ``peak_mib`` is that
-peak less what was allocated before (the case's inputs), in MiB; ``input_mib`` is the inputs' size.  The table prints it beside the
-size of the inputs (q, k, v and, for backward cases, dO): FlashAttention's working memory grows
-like its inputs, linearly in N, where materialising the N x N scores would grow quadratically.
+peak less what was allocated before (the case's inputs), in MiB; ``input_mib`` is the inputs' size.
+The table prints it beside the size of the inputs (q, k, v and, for backward cases, dO):
+FlashAttention's working memory grows like its inputs, linearly in N, where materialising the
+N x N scores would grow quadratically.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ import time
 import warnings
 from typing import Callable
 
-from kernels import runtime  # noqa: F401  (before triton: decides TRITON_INTERPRET)
+from kernels import runtime  # before triton: decides TRITON_INTERPRET
 
 import torch
 
@@ -156,7 +157,7 @@ def _measure(prov, case: Case, x: Inputs, refs: dict, timer: Callable, memory: C
         return timer(fn), "", peak
     except NotApplicable as exc:
         return None, f"n/a: {exc}", None
-    except Exception as exc:  # noqa: BLE001 - one provider failing must not stop the run
+    except Exception as exc:  # one provider failing must not stop the run
         return None, _failure(exc, caught), None
 
 
@@ -171,7 +172,7 @@ def bench_case(stage: str, case: Case, providers: dict, *, timer: Callable, devi
     try:
         x = make_inputs(case, device, seed)
         refs = references(case, x)
-    except Exception as exc:  # noqa: BLE001 - e.g. out of memory: report the case, go on
+    except Exception as exc:  # e.g. out of memory: report the case, go on
         x = refs = None
         for row in rows:
             row["note"] = f"failed: reference: {type(exc).__name__}: {str(exc).strip()[:200]}"
@@ -214,7 +215,7 @@ def run(stage: str, *, source: str = "solutions", providers: list | None = None,
             continue
         try:
             made[p] = provider(p, stage, source)
-        except Exception as exc:  # noqa: BLE001 - a provider that cannot load is reported on every row
+        except Exception as exc:  # a provider that cannot load is reported on every row
             made[p] = exc
     rows = []
     for seed, case in enumerate(cases):

@@ -255,8 +255,9 @@ def run_one(size: Size, provider: str, *, warmup: int, steps: int) -> dict:
     host_ms, kernel_ms, attention_ms = _what_paces(step_model, opt, data[warmup:warmup + PACE_STEPS])
     return dict(size=size.name, provider=provider, batch=size.batch, seq=size.seq, d_model=size.d_model,
                 layers=size.layers, heads=size.heads, kv_heads=size.kv_heads, head_dim=size.head_dim,
-                window=size.window, lr=size.lr, step_ms=round(ms, 3), tokens_per_s=round(size.batch * size.seq / ms * 1e3),
-                peak_mib=round(peak / 2 ** 20), warmup_s=round(first_s, 1),
+                window=size.window, lr=size.lr, step_ms=round(ms, 3),
+                tokens_per_s=round(size.batch * size.seq / ms * 1e3), peak_mib=round(peak / 2 ** 20),
+                warmup_s=round(first_s, 1),
                 host_ms=round(host_ms, 3), kernel_ms=round(kernel_ms, 3), attention_ms=round(attention_ms, 3),
                 losses=[round(x.item(), 4) for x in losses])
 
@@ -306,7 +307,10 @@ def _what_paces(step_model, opt, data) -> tuple[float, float, float]:
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and not getattr(e, "is_user_annotation", False)          # a named range, not a kernel
                and not e.name.startswith(("Memcpy", "Memset"))]
-    per_step = lambda es: sum(e.device_time_total for e in es) / len(data) / 1e3    # µs -> ms
+
+    def per_step(events):
+        return sum(e.device_time_total for e in events) / len(data) / 1e3    # µs -> ms
+
     return (statistics.median(host), per_step(kernels),
             per_step([e for e in kernels if is_attention_kernel(e.name)]))
 
@@ -369,8 +373,8 @@ def markdown(doc: dict, source: str) -> str:
            "speed vs flex-compiled | first loss | last loss |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        out.append(f"| {r['size']} | {r['provider']} | {r['step_ms']:.2f} | {_ms(r, 'host_ms')} | {_ms(r, 'kernel_ms')} | "
-                   f"{_ms(r, 'attention_ms')} | {r['tokens_per_s']} | {r['peak_mib']} | "
+        out.append(f"| {r['size']} | {r['provider']} | {r['step_ms']:.2f} | {_ms(r, 'host_ms')} | "
+                   f"{_ms(r, 'kernel_ms')} | {_ms(r, 'attention_ms')} | {r['tokens_per_s']} | {r['peak_mib']} | "
                    f"{_vs_flex(rows, r)} | {r['losses'][0]:.3f} | {r['losses'][-1]:.3f} |")
     if any(r.get("host_ms") is not None for r in rows):
         out += ["", "Step ms is the median CUDA-event time of a step. Host ms is the time to issue one step to an idle "

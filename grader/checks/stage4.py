@@ -174,7 +174,8 @@ def emulation_matches_reference(ctx):
     """emulate_attention: head dims 40, 72, 104 (padded to 48, 80, 112), lengths that are not multiples of a block."""
     for d, nq, nk, dtype in ((40, 129, 200, torch.float32), (72, 17, 129, torch.float16),
                              (104, 130, 65, torch.float16), (72, 1, 77, torch.float32)):
-        q, k, v = ctx.randn(2, 2, nq, d, dtype=dtype), ctx.randn(2, 2, nk, d, dtype=dtype), ctx.randn(2, 2, nk, d, dtype=dtype)
+        q, k, v = (ctx.randn(2, 2, nq, d, dtype=dtype), ctx.randn(2, 2, nk, d, dtype=dtype),
+                   ctx.randn(2, 2, nk, d, dtype=dtype))
         _judge(ctx, "emulate_attention", q, k, v)
     q, k, v = (ctx.randn(1, 2, n, 48, dtype=torch.float16, scale=2.0) for n in (100, 150, 150))
     _judge(ctx, "emulate_attention", q, k, v, block_m=32, block_n=16, sm_scale=0.3)

@@ -36,7 +36,10 @@ def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scal
     keys_lse = torch.logsumexp(s, dim=-1)
     sink = sinks.detach().to(torch.float64).view(1, Hq, 1) if sinks is not None else None
     lse = torch.logaddexp(keys_lse, sink.expand_as(keys_lse)) if sink is not None else keys_lse
-    safe = lambda x: torch.where(torch.isinf(x), torch.zeros_like(x), x)      # rows that see nothing
+
+    def safe(x):                                               # rows that see nothing: -inf becomes 0
+        return torch.where(torch.isinf(x), torch.zeros_like(x), x)
+
     o = torch.exp(s - safe(lse)[..., None]) @ vr
     used = lse if sink_in_lse else keys_lse
     p = torch.exp((s if mask_p else raw) - safe(used)[..., None])
@@ -52,7 +55,11 @@ def _grads(q, k, v, do, *, scale, visible, sinks=None, minus_delta=True, dq_scal
         dq = (ds @ kr) * (scale if dq_scale else 1.0)
     dk_h = (ds.transpose(-1, -2) @ q) * (scale if dk_scale else 1.0)
     dv_h = p.transpose(-1, -2) @ do
-    fold = lambda t: t.view(B, Hkv, group, Nk, D).sum(dim=2) if group_sum else t.view(B, Hkv, group, Nk, D)[:, :, 0]
+
+    def fold(t):
+        t = t.view(B, Hkv, group, Nk, D)
+        return t.sum(dim=2) if group_sum else t[:, :, 0]
+
     dsinks = None
     if sink is not None:
         dsinks = -dsinks_sign * (torch.exp(sink - safe(used)) * delta).sum(dim=(0, 2))
@@ -159,7 +166,10 @@ def explain_gradients(got, q, k, v, do, *, sinks=None, **opts) -> str:
     gradient floors); tensors may live on any device.
     """
     from kernels import reference, tolerance
-    cpu = lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t
+
+    def cpu(t):
+        return t.detach().cpu() if isinstance(t, torch.Tensor) else t
+
     q, k, v, do, sinks = map(cpu, (q, k, v, do, sinks))
     names = ("dq", "dk", "dv", "dsinks")
     got = {n: cpu(g) for n, g in zip(names, got) if g is not None}

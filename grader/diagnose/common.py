@@ -29,7 +29,7 @@ def safely(fn, *args, **kwargs) -> Diagnosis | None:
     """
     try:
         return fn(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - the FAIL stands with its numbers
+    except Exception:  # the FAIL stands with its numbers
         if os.environ.get("WORKBOOK_STRICT_DIAGNOSIS"):
             raise
         return None
@@ -131,5 +131,8 @@ def tile_state(visible, block_m, block_n):
     some = padded.view(n_m, block_m, n_n, block_n).any(dim=3).any(dim=1)          # (n_m, n_n)
     padded[nq:, :nk] = True              # rows past N_Q do not matter; keys past N_K always need the mask
     full = padded.view(n_m, block_m, n_n, block_n).all(dim=3).all(dim=1)
-    expand = lambda t: t[:, None, :, None].expand(n_m, block_m, n_n, block_n).reshape(n_m * block_m, -1)[:nq]
+
+    def expand(t):
+        return t[:, None, :, None].expand(n_m, block_m, n_n, block_n).reshape(n_m * block_m, -1)[:nq]
+
     return expand(full), expand(some & ~full)

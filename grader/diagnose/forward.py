@@ -79,7 +79,10 @@ def explain_attention(o, lse, q, k, v, *, block_m=None, block_n=None, exp2=True,
     live on any device.  ``exp2=False`` for a stage whose code has no exp2 (stage 1): no advice about it.
     """
     from kernels import reference, tolerance
-    cpu = lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t
+
+    def cpu(t):
+        return t.detach().cpu() if isinstance(t, torch.Tensor) else t
+
     o, lse, q, k, v = map(cpu, (o, lse, q, k, v))
     opts = {key: cpu(val) for key, val in opts.items()}
     o_ref, lse_ref = reference.attention(q, k, v, **opts)

@@ -166,7 +166,7 @@ def _start_cuda(device) -> None:
     try:
         x = torch.ones(8, 8, device=device)
         (x @ x).sum().item()
-    except Exception:  # noqa: BLE001 - reported by the check that needs the GPU
+    except Exception:  # reported by the check that needs the GPU
         pass
 
 
@@ -196,7 +196,7 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
         compiling = _count_compiles()
         module = loader.load_stage(stage, source)
         conn.send_bytes(_pack(("ready", runtime.describe())))
-    except BaseException as exc:  # noqa: BLE001 - any import failure is reported, not raised
+    except BaseException as exc:  # any import failure is reported, not raised
         conn.send_bytes(_pack(("import-error", wire.cut(type(exc).__name__, NAME_CAP), str(exc)[:MESSAGE_CAP],
                                traceback.format_exc(limit=-12)[-TRACEBACK_CAP:])))
         return
@@ -227,15 +227,16 @@ def _worker_main(conn, stage: str, source: str, limits: Limits, parent_pid: int,
             payload = _pack(("misbehaved", problem, compiling[0]) if problem else ("ok", result, compiling[0]))
         except wire.Refused as exc:       # a result of a type, a size or a shape the grader does not accept
             payload = _pack(("misbehaved", str(exc), compiling[0]))
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             text = str(exc)
-            fatal = "CUDA error" in text or "illegal memory access" in text or isinstance(exc, (SystemExit, KeyboardInterrupt))
+            fatal = ("CUDA error" in text or "illegal memory access" in text
+                     or isinstance(exc, (SystemExit, KeyboardInterrupt)))
             payload = _pack(("error", wire.cut(type(exc).__name__, NAME_CAP), text[:MESSAGE_CAP],
                              _traceback_of(exc, stage)[-TRACEBACK_CAP:], compiling[0]))
         for stream in (sys.stdout, sys.stderr):  # so the log holds this call's prints before its verdict
             try:
                 stream.flush()
-            except Exception:  # noqa: BLE001 - learner code may have replaced or closed them
+            except Exception:  # learner code may have replaced or closed them
                 pass
         conn.send_bytes(payload)
         if fatal:

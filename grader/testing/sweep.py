@@ -75,7 +75,7 @@ class InProcess:
         args, kwargs = to_device(args, runtime.DEVICE), to_device(kwargs, runtime.DEVICE)
         try:
             result = fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the checks expect errors as the worker reports them
+        except Exception as exc:  # the checks expect errors as the worker reports them
             raise LearnerError(type(exc).__name__, str(exc), traceback.format_exc(limit=-4)) from None
         if runtime.ON_GPU:
             import torch

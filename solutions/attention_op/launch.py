@@ -11,7 +11,7 @@ from __future__ import annotations
 from kernels import runtime
 
 import torch
-import triton  # noqa: E402  (after kernels.runtime: it decides TRITON_INTERPRET)
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 
 from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9
 

@@ -1,6 +1,7 @@
 """Compile the Triton kernels of every stage for a list of GPUs, with no GPU present.
 
-    python tests/tools/compile_targets.py --out results.json [--targets sm_75,sm_90] [--cache FILE] [--jobs N] [--sample]
+    python tests/tools/compile_targets.py --out results.json [--targets sm_75,sm_90] [--cache FILE]
+                                          [--jobs N] [--sample]
 
 Triton compiles for a target named explicitly (``GPUTarget("cuda", 75, 32)``) without a driver.
 This script runs each stage's wrapper on small CPU tensors with a stand-in driver and a cache hook
@@ -14,9 +15,10 @@ What it compiles (tests/test_targets.py says why): on every target, the first en
 table row (the tile used untimed) for stage 2's and stage 9's kernels, in float16 and, for stage
 9, float32; whole tables of stage 9's kernels (its forward is stage 8's code, with the table of
 stages 3 and 5-7) in float16 on one target per table; and the forwards of stages 3 and 5-8 at
-each table row's first entry on those targets (on sm_75, whose compiles are the slowest, at D=128).  ``--cache FILE`` reuses the shared memory
-recorded for an identical compile (same Triton version, target, kernel source, signature,
-constants and options), except for the jobs marked ``always``, which compile on every run.
+each table row's first entry on those targets (on sm_75, whose compiles are the slowest, at
+D=128).  ``--cache FILE`` reuses the shared memory recorded for an identical compile (same
+Triton version, target, kernel source, signature, constants and options), except for the jobs
+marked ``always``, which compile on every run.
 
 ``--sample`` compiles a fixed part of that matrix, and all of it on every run: for each kernel of each
 stage on each target it would compile for, one configuration, the first it plans (the smallest head
@@ -115,7 +117,8 @@ def record_launches(source: str) -> list[dict]:
         stage2.weighted_row_sum(x, rand(5000, dtype=torch.float16), block_n=1024)
         stage2.softmax(x, block_n=4096)
         forwards = {"stage3": {}, "stage5": {"causal": True}, "stage6": {"causal": True},
-                    "stage7": {"causal": True, "window": 24}, "stage8": {"causal": True, "window": 24, "sink_tokens": 2}}
+                    "stage7": {"causal": True, "window": 24},
+                    "stage8": {"causal": True, "window": 24, "sink_tokens": 2}}
         stage9 = load_stage("stage9", source)
         for d in (64, 128, 256):                 # one head dim per table row
             for dtype in (torch.float16, torch.float32):
@@ -165,7 +168,8 @@ def _source(kernel) -> str:
     """The code that decides a compile: every @triton.jit function of the kernel's module (the kernel
     and the helpers it calls), not the rest of the file (editing a tile table changes no kernel)."""
     module = sys.modules[kernel.__module__]
-    jitted = sorted((name, obj.src) for name, obj in vars(module).items() if isinstance(obj, triton.runtime.JITFunction))
+    jitted = sorted((name, obj.src) for name, obj in vars(module).items()
+                    if isinstance(obj, triton.runtime.JITFunction))
     jitted += [(name, obj.fn.src) for name, obj in vars(module).items() if isinstance(obj, triton.runtime.Autotuner)]
     return hashlib.sha256(repr(sorted(jitted)).encode()).hexdigest()
 

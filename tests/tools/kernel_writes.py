@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import compile_targets  # noqa: E402  (turns the interpreter off; its stand-in driver serves here too)
-import torch  # noqa: E402
-from triton.runtime import driver  # noqa: E402
+import compile_targets  # turns the interpreter off; its stand-in driver serves here too
+import torch
+from triton.runtime import driver
 
 ROOT = compile_targets.ROOT
 

@@ -17,8 +17,10 @@ MUTANTS = [
                    "x_ptrs = X + rows[:, None] * N + cols[None, :] * stride_xn")],
            caught_by=["weighted_row_sum_non_contiguous"]),
     Mutant("wrs_stops_one_block_early", "loops over whole column blocks only, dropping the last one",
-           edits=[("for start in range(0, N, BLOCK_N):\n        cols = start + offs_n                                 #",
-                   "for start in range(0, N - BLOCK_N, BLOCK_N):\n        cols = start + offs_n                                 #")],
+           edits=[("for start in range(0, N, BLOCK_N):\n"
+                   "        cols = start + offs_n                                 #",
+                   "for start in range(0, N - BLOCK_N, BLOCK_N):\n"
+                   "        cols = start + offs_n                                 #")],
            caught_by=["weighted_row_sum_awkward_sizes"], diagnosis="row_sum_drops_last_block"),
     Mutant("softmax_no_rescale", "adds each block's exponentials without rescaling the old sum",
            edits=[("l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(", "l_i = l_i + tl.sum(")],

@@ -42,8 +42,10 @@ MUTANTS = [
            edits=[("cols[:, None] * stride_vn", "cols[:, None] * stride_kn")],
            caught_by=["non_contiguous"], diagnosis="wrong_strides"),
     Mutant("o_with_q_strides", "stores o with q's strides, which differ when q is a slice of a wider tensor",
-           edits=[("o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od",
-                   "o_ptrs = O + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd")],
+           edits=[("o_ptrs = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on "
+                   "+ offs_d[None, :] * stride_od",
+                   "o_ptrs = O + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn "
+                   "+ offs_d[None, :] * stride_qd")],
            caught_by=["non_contiguous"]),
     Mutant("padding_waste_of_real_dim", "divides the padding by the real head dim instead of the padded one",
            edits=[("return (padded - head_dim) / padded", "return (padded - head_dim) / head_dim")],

@@ -32,8 +32,10 @@ MUTANTS = [
                    "s = s.masked_fill(cols[None, :] >= rows[:, None] + (Nk - Nq), float(\"-inf\"))")],
            caught_by=["emulation_causal"], diagnosis="causal_off_by_one"),
     # -- the CUDA kernel
-    Mutant("cuda_wrong_operand_count", "passes one register where the mma takes the four of an A fragment: nvcc refuses it",
-           edits=[("Mma<T>::run(s[mt][2 * nn], a[mt], r[0], r[1]);", "Mma<T>::run(s[mt][2 * nn], a[mt][0], r[0], r[1]);")],
+    Mutant("cuda_wrong_operand_count", "passes one register where the mma takes the four of an A fragment: "
+                                       "nvcc refuses it",
+           edits=[("Mma<T>::run(s[mt][2 * nn], a[mt], r[0], r[1]);",
+                   "Mma<T>::run(s[mt][2 * nn], a[mt][0], r[0], r[1]);")],
            file=".cu", caught_by=["cuda_source_compiles"]),
     Mutant("cuda_no_rescale", "rescales l but not the output accumulator when the max grows",
            edits=[("for (int j = 0; j < O_TILES; ++j) { acc[mt][j][2 * i] *= alpha; acc[mt][j][2 * i + 1] *= alpha; }",

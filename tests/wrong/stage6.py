@@ -9,7 +9,8 @@ MUTANTS = [
            caught_by=["gqa_groups"], diagnosis="gqa_head_mapping"),
     Mutant("grid_over_kv_heads", "launches one program per K/V head instead of per query head, so most "
                                  "query heads are never computed",
-           edits=[('return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq', 'return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hkv')],
+           edits=[('return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq',
+                   'return triton.cdiv(Nq, meta["BLOCK_M"]), B * Hkv')],
            caught_by=["gqa_groups", "mqa", "gqa_blocks_skipped"], diagnosis="nan_unwritten"),
     Mutant("top_left_alignment", "stage 5 regression: aligns the causal diagonal top-left when Nq != Nk",
            edits=[("    shift = N_K - N_Q ", "    shift = 0 ")],

@@ -7,7 +7,8 @@ MUTANTS = [
            edits=[("        in_window = in_window | (cols[None, :] < SINK_TOKENS)\n", "")],
            caught_by=["sink_tokens_with_window", "everything_together"], diagnosis="sink_tokens_hidden"),
     Mutant("sink_tokens_dropped", "never visits the sink tokens' own range of key blocks",
-           edits=[("    sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)\n", "    sink_hi = 0\n")],
+           edits=[("    sink_hi = tl.minimum((SINK_TOKENS + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo)\n",
+                   "    sink_hi = 0\n")],
            caught_by=["sink_tokens_with_window"], diagnosis="sink_blocks_skipped"),
     Mutant("sink_range_overlaps_window", "does not stop the sink range at the window's first block, so blocks "
                                          "in both ranges are counted twice",
@@ -30,5 +31,6 @@ MUTANTS = [
            caught_by=["learned_sinks"], diagnosis="sinks_ignored"),
     Mutant("learned_sinks_ignored", "accepts sinks and never uses them",
            edits=[("    if HAS_SINKS:\n        m_i = ", "    if False:\n        m_i = ")],
-           caught_by=["learned_sinks", "learned_sinks_rows_that_see_no_key", "everything_together"], diagnosis="sinks_ignored"),
+           caught_by=["learned_sinks", "learned_sinks_rows_that_see_no_key", "everything_together"],
+           diagnosis="sinks_ignored"),
 ]

@@ -34,12 +34,14 @@ def variant(name, ws=False, tiles=False):
     s = SRC
     if ws:
         s = s.replace("    for start_n in range(lo, hi, BLOCK_N):\n        acc, m_i, l_i = _tma_block(",
-                      "    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):\n        acc, m_i, l_i = _tma_block(")
+                      "    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True):\n"
+                      "        acc, m_i, l_i = _tma_block(")
         assert "warp_specialize=True" in s
     if tiles:
         s = s.replace("64: [(128, 64, 4, 3),", f"64: [(128, 64, 4, 3), {EXTRA64},", 1)
         s = s.replace("128: [(128, 64, 8, 2),", f"128: [(128, 64, 8, 2), {EXTRA128},", 1)
-    p = Path(f"/tmp/fwd_{name}.py"); p.write_text(s)
+    p = Path(f"/tmp/fwd_{name}.py")
+    p.write_text(s)
     return load_file(p)
 
 VARIANTS = {"base": dict(), "tiles": dict(tiles=True), "ws": dict(ws=True), "ws+tiles": dict(ws=True, tiles=True)}
@@ -57,7 +59,8 @@ def main():
             res = {"D": D, "causal": causal}
             for be, name in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "fa2")):
                 with sdpa_kernel(be):
-                    ms = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), warmup=50, rep=300, return_mode="median")
+                    ms = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                  warmup=50, rep=300, return_mode="median")
                 res[name] = round(flops / ms / 1e9, 1)
             for vname, kw in VARIANTS.items():
                 try:
@@ -65,12 +68,14 @@ def main():
                     mod = variant(vname, **kw)
                     o, _ = mod.flash_attention(q, k, v, causal=causal)
                     err = ((o.float() - ref).norm() / ref.norm()).item()
-                    ms = do_bench(lambda: mod.flash_attention(q, k, v, causal=causal), warmup=50, rep=300, return_mode="median")
+                    ms = do_bench(lambda: mod.flash_attention(q, k, v, causal=causal),
+                                  warmup=50, rep=300, return_mode="median")
                     cfg = str(mod._tma_forward_kernel.best_config)
                     res[vname] = round(flops / ms / 1e9, 1)
                     res[vname + "_err"] = round(err, 5)
                     res[vname + "_cfg"] = cfg
-                    print(f"D{D} causal={causal} {vname}: {res[vname]} TFLOP/s err {err:.2e} cfg {cfg} ({time.time()-t0:.0f}s)", flush=True)
+                    print(f"D{D} causal={causal} {vname}: {res[vname]} TFLOP/s err {err:.2e} cfg {cfg} "
+                          f"({time.time()-t0:.0f}s)", flush=True)
                 except Exception as e:
                     res[vname] = None
                     res[vname + "_fail"] = repr(e)[:300]
@@ -81,7 +86,8 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     print(f"{'case':<14}" + "".join(f"{c:>10}" for c in ["cudnn", "fa2", *VARIANTS]))
     for r in rows:
-        print(f"D{r['D']}{' causal' if r['causal'] else '':<8}  " + "".join(f"{str(r.get(c)):>10}" for c in ["cudnn", "fa2", *VARIANTS]))
+        print(f"D{r['D']}{' causal' if r['causal'] else '':<8}  "
+              + "".join(f"{str(r.get(c)):>10}" for c in ["cudnn", "fa2", *VARIANTS]))
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def main():
         flops = 4 * B * H * D * (N * (N + 1) / 2 if causal else N * N)
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            cud = flops / do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), rep=300, return_mode="median") / 1e9
+            cud = flops / do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                   rep=300, return_mode="median") / 1e9
         best = {}
         for ws in (False, True):
             for bm, bn, warps, stages in [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 3),
@@ -86,12 +87,15 @@ def main():
                 try:
                     o = run(q, k, v, causal, bm, bn, warps, stages, ws)
                     err = ((o.float() - ref).norm() / ref.norm()).item()
-                    t = flops / do_bench(lambda: run(q, k, v, causal, bm, bn, warps, stages, ws), rep=200, return_mode="median") / 1e9
-                    print(f"D{D} causal={causal} ws={ws} {bm}x{bn} w{warps} s{stages}: {t:.0f} TFLOP/s err {err:.1e}", flush=True)
+                    t = flops / do_bench(lambda: run(q, k, v, causal, bm, bn, warps, stages, ws),
+                                         rep=200, return_mode="median") / 1e9
+                    print(f"D{D} causal={causal} ws={ws} {bm}x{bn} w{warps} s{stages}: {t:.0f} TFLOP/s "
+                          f"err {err:.1e}", flush=True)
                     if err < 1e-2 and t > best.get(ws, (0,))[0]:
                         best[ws] = (round(t, 1), f"{bm}x{bn} w{warps} s{stages}")
                 except Exception as e:
-                    print(f"D{D} causal={causal} ws={ws} {bm}x{bn} w{warps} s{stages}: FAILED {repr(e)[:160]}", flush=True)
+                    print(f"D{D} causal={causal} ws={ws} {bm}x{bn} w{warps} s{stages}: "
+                          f"FAILED {repr(e)[:160]}", flush=True)
         rows.append(dict(D=D, causal=causal, cudnn=round(cud, 1), plain=best.get(False), ws=best.get(True)))
         json.dump(rows, open(f"{out}/ws2d.json", "w"), indent=1)
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
