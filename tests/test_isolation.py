@@ -98,3 +98,9 @@ def test_the_answer_keys_are_not_in_the_worker_s_view():
     assert all(_shown(path) for path in paths)
     for key in ("solutions", "tests", "grader/checks", "grader/grade.py", "kernels/reference.py"):
         assert not _shown(ROOT / key), key
+
+
+def test_notebooks_of_earlier_editions_still_find_the_harness():
+    from grader import harness
+    from grader.isolation import harness as moved
+    assert harness is moved and callable(harness.peak_memory)
