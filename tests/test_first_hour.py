@@ -293,3 +293,11 @@ def test_gradescope_doc_says_where_the_isolation_is_named():
     result = StageResult(S1.name, "stages", "graded", isolation="bubblewrap",
                          results=[CheckResult("x", 1, 1, "pass")])
     assert "Learner code isolated by: bubblewrap." in formats.gradescope([(S1, result)])["output"]
+
+
+@pytest.mark.parametrize("manifest", [{"version": "2026.1"}, {"files": {}}, {"version": 3, "files": []}])
+def test_update_from_a_folder_whose_edition_json_is_incomplete_is_refused(tmp_path, capsys, manifest):
+    (tmp_path / edition_info.MANIFEST).write_text(json.dumps(manifest))
+    assert update.main(source=str(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "is not an edition's" in err and "nothing was changed" in err and str(tmp_path) in err

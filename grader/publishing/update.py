@@ -30,6 +30,10 @@ def main(*, source: str) -> int:
     if new is None:
         print(f"{source} holds no edition ({edition_info.MANIFEST})", file=sys.stderr)
         return 2
+    if not isinstance(new.get("files"), dict) or not isinstance(new.get("version"), str):
+        print(f"{source}/{edition_info.MANIFEST} is not an edition's: it needs a \"version\" and the \"files\" "
+              "the edition holds; nothing was changed", file=sys.stderr)
+        return 2
     mine = edition_info.read(ROOT)
     if mine is None:
         print("this copy is not a learner's edition (no edition.json): nothing to update", file=sys.stderr)
