@@ -21,6 +21,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
+from kernels import runtime
 from kernels.loader import ROOT
 
 import pytest
@@ -28,14 +29,6 @@ import pytest
 RUN_ALL_S = 180      # any one notebook
 ALL_NINE_S = 480     # nbval of all nine
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
 
 
 def cell_seconds(junit: str) -> list[tuple[str, str, float]]:
@@ -79,7 +72,7 @@ def test_the_committed_page_is_the_committed_record():
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_every_notebook_runs_in_minutes_on_a_fresh_gpu(tmp_path):
-    if not _cuda():
+    if not runtime.ON_GPU:
         pytest.skip("needs a CUDA GPU: the time limits are for a GPU machine")
     for module in ("nbval", "xdist"):
         if importlib.util.find_spec(module) is None:
