@@ -144,6 +144,31 @@ def capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if ON_GPU else None
 
 
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Scratch memory for one launch, from PyTorch's caching allocator (Triton's allocator protocol)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def tma_scratch() -> None:
+    """Let Triton allocate the scratch memory of kernels that make TMA descriptors on the GPU.
+
+    A kernel that calls ``tl.make_tensor_descriptor`` writes each descriptor to global memory,
+    which Triton asks an allocator for at every launch; it has none unless the program set one
+    (``triton.set_allocator``).  That setting is a context variable, seen only by the thread that
+    made it, and autograd runs a backward, a compiled graph's too, in threads of its own.  So
+    where no allocator is set this makes PyTorch's caching allocator the default of every thread;
+    an allocator the program sets still takes precedence.  The TMA kernels call it before they
+    launch.
+    """
+    if not ON_GPU:
+        return
+    import contextvars
+
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        _allocation._allocator = contextvars.ContextVar("_allocator", default=_scratch)
+
+
 def has_bfloat16() -> bool:
     """bfloat16 tensor cores: sm_80 (A100, RTX 30) and newer.  A T4 (sm_75) has float16 only."""
     return ON_GPU and capability() >= (8, 0)

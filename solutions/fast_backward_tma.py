@@ -10,7 +10,8 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
 * **TMA descriptors in the loops.**  The dK/dV kernel loads a Q and a dO tile for every
   (head, query block) it visits, and the dQ kernel a K and a V tile for every key block: those
   come through descriptors, ``desc_q.load([batch_head, start_m, 0])``, whole tiles moved into
-  shared memory by the copy engine with zeros past the end.
+  shared memory by the copy engine with zeros past the end.  As in the TMA forward, each program
+  makes its descriptors (``tl.make_tensor_descriptor``) from the tensors' own strides.
 * **The row statistics through descriptors too.**  The dK/dV kernel also needs each query
   block's lse and delta, a few floats per row.  Read with ``tl.load`` they are the one load in
   its loop that Triton's pipeline does not run ahead, so every visit would wait for them; as
@@ -30,8 +31,9 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
   the mask depends on the position alone, so fewer of the tile's key blocks need a mask.
 * **Tiles for these loops.**  Without per-element address arithmetic, larger dQ tiles pay at
   D64 (see DQ_TILES).
-* **Fewer choices.**  Head dims must be powers of two from 16 to 256 and the tensors are made
-  contiguous first; no visit counting (``grader.isolation.harness.backward_visits`` shows stage 9's
+* **Fewer choices.**  Head dims must be powers of two from 16 to 256, and a tensor is copied
+  first unless a TMA descriptor can read it where it lies (``tma_compatible`` in the forward's
+  file); no visit counting (``grader.isolation.harness.backward_visits`` shows stage 9's
   skipping).
 
 The preprocess, the block ranges and the visibility rule are stage 9's own, through its public
@@ -53,7 +55,6 @@ from kernels.loader import load_file
 import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 _HERE = Path(__file__).resolve().parent
 _stage9 = load_file(_HERE / "stage9_backward.py")
@@ -62,6 +63,7 @@ is_visible = _stage9.is_visible
 query_blocks_of = _stage9.query_blocks_of
 key_blocks_of = _stage9.key_blocks_of
 flash_attention = _forward.flash_attention
+tiles_of = _forward.tiles_of
 
 LOG2E = 1.4426950408889634   # log2(e): exp(x) == exp2(x * LOG2E)
 HEAD_DIMS = (16, 256)
@@ -85,22 +87,11 @@ DKDV_INTERPRETER_TILE = (32, 64, 4, 1)
 DQ_INTERPRETER_TILE = (64, 32, 4, 1)
 
 
-def _dkdv_tile_shapes(nargs: dict) -> None:
-    """The Q, dO, lse and delta descriptors take the dK/dV configuration's query block (the autotuner's pre-hook)."""
-    nargs["desc_q"].block_shape = nargs["desc_do"].block_shape = [1, nargs["BLOCK_M"], nargs["HEAD_DIM_PAD"]]
-    nargs["desc_lse"].block_shape = nargs["desc_delta"].block_shape = [1, nargs["BLOCK_M"]]
-
-
-def _dq_tile_shapes(nargs: dict) -> None:
-    """The K and V descriptors take the dQ configuration's key block (the autotuner's pre-hook)."""
-    nargs["desc_k"].block_shape = nargs["desc_v"].block_shape = [1, nargs["BLOCK_N"], nargs["HEAD_DIM_PAD"]]
-
-
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, heads, offs_m, offs_n, lo, hi, full_lo,
+def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, heads, offs_m, offs_n, lo, hi, full_lo,
                full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
                MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
-    """dk += dS^T Q and dv += P^T dO over query blocks [lo, hi) of ``heads`` heads from (batch x head) bh0.
+    """dk += dS^T Q and dv += P^T dO over query blocks [lo, hi) of ``heads`` heads from head h0 of batch b.
 
     One loop over every (head, query block) pair; with MASKED the mask is built only in blocks
     outside [full_lo, full_hi).
@@ -112,11 +103,11 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, heads, 
         rows = start_m + offs_m
         # Past N_Q every tile comes back as zeros: q = do = 0 there, so with lse = delta = 0 a
         # row past the end has p = 1 and dS = 0, and adds nothing to dk or dv.
-        q = desc_q.load([bh0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
-        do = desc_do.load([bh0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
-        lse = desc_lse.load([bh0 + g, start_m]).reshape(BLOCK_M)
+        q = desc_q.load([b, h0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
+        do = desc_do.load([b, h0 + g, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
+        lse = desc_lse.load([b * H_Q + h0 + g, start_m]).reshape(BLOCK_M)
         lse = tl.where(lse == float("-inf"), float("inf"), lse)                     # empty rows: p = 0
-        delta = desc_delta.load([bh0 + g, start_m]).reshape(BLOCK_M)
+        delta = desc_delta.load([b * H_Q + h0 + g, start_m]).reshape(BLOCK_M)
         s_t = tl.dot(k, tl.trans(q)) * qk_scale                                     # (BLOCK_N, BLOCK_M)
         if MASKED:
             if (start_m < full_lo) | (start_m >= full_hi):
@@ -131,57 +122,73 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, heads, 
 
 
 @tuning.autotune(DKDV_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
-                                  "GROUP"], pre_hook=_dkdv_tile_shapes)
+                                  "GROUP"])
 @triton.jit
 def _tma_dkdv_kernel(
-    desc_q, desc_do, desc_lse, desc_delta, K, V, DK, DV,
-    H_Q, H_KV, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
+    Q, DO, LSE, DELTA, K, V, DK, DV,             # q, do (B, Hq, N_Q, D), k, v, dk, dv (B, Hkv, N_K, D): any strides
+    stride_qb, stride_qh, stride_qn, stride_dob, stride_doh, stride_don, STAT_STRIDE,   # LSE, DELTA (B*Hq, N_Q)
+    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    B, H_Q, H_KV, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile
     pid_n = tl.program_id(0)                     # which block of keys
     kv_bh = tl.program_id(1)                     # which (batch x KV head)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    kv_rows = (kv_bh * N_K + offs_n).to(tl.int64)[:, None] * HEAD_DIM_PAD + offs_d[None, :]   # contiguous
+    b = kv_bh // H_KV
+    kv_h = kv_bh % H_KV
+    rows_n = offs_n.to(tl.int64)[:, None]
     kv_ok = (offs_n < N_K)[:, None]
-    k = tl.load(K + kv_rows, mask=kv_ok, other=0.0)
-    v = tl.load(V + kv_rows, mask=kv_ok, other=0.0)
+    k = tl.load(K + b.to(tl.int64) * stride_kb + kv_h * stride_kh + rows_n * stride_kn + offs_d[None, :],
+                mask=kv_ok, other=0.0)
+    v = tl.load(V + b.to(tl.int64) * stride_vb + kv_h * stride_vh + rows_n * stride_vn + offs_d[None, :],
+                mask=kv_ok, other=0.0)
+    desc_q = tiles_of(Q, B, H_Q, N_Q, stride_qb, stride_qh, stride_qn, BLOCK_M, HEAD_DIM_PAD)
+    desc_do = tiles_of(DO, B, H_Q, N_Q, stride_dob, stride_doh, stride_don, BLOCK_M, HEAD_DIM_PAD)
+    desc_lse = tl.make_tensor_descriptor(LSE, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
+                                         block_shape=[1, BLOCK_M])
+    desc_delta = tl.make_tensor_descriptor(DELTA, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
+                                           block_shape=[1, BLOCK_M])
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = query_blocks_of(start_n, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
                                                BLOCK_M, BLOCK_N)
-    bh0 = (kv_bh // H_KV * H_Q) + kv_bh % H_KV * GROUP      # the first query head of the group
+    h0 = kv_h * GROUP                            # the first query head of the group
     if HAS_WINDOW:                               # both ends masked: one loop, masks only at the ends
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, GROUP, offs_m, offs_n,
                             lo, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
                             BLOCK_M, HEAD_DIM_PAD)
     else:
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, GROUP, offs_m, offs_n,
                             lo, full_lo, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
                             BLOCK_M, HEAD_DIM_PAD)
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, GROUP, offs_m, offs_n,
                             full_lo, full_hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, False,
                             HAS_WINDOW, BLOCK_M, HEAD_DIM_PAD)
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, bh0, GROUP, offs_m, offs_n,
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, GROUP, offs_m, offs_n,
                             full_hi, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
                             BLOCK_M, HEAD_DIM_PAD)
-    tl.store(DK + kv_rows, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
-    tl.store(DV + kv_rows, dv.to(DV.dtype.element_ty), mask=kv_ok)
+    dk_rows = DK + b.to(tl.int64) * stride_dkb + kv_h * stride_dkh + rows_n * stride_dkn + offs_d[None, :]
+    dv_rows = DV + b.to(tl.int64) * stride_dvb + kv_h * stride_dvh + rows_n * stride_dvn + offs_d[None, :]
+    tl.store(dk_rows, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(dv_rows, dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
 @triton.jit
-def _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, lo, hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
+def _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, b, kv_h, lo, hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
              MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr,
              HEAD_DIM_PAD: tl.constexpr):
     """dq += dS K over the key blocks [lo, hi); ``pos`` is each row's query position."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
-        k = desc_k.load([kv_bh, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)             # zeros past N_K
-        v = desc_v.load([kv_bh, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+        k = desc_k.load([b, kv_h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)           # zeros past N_K
+        v = desc_v.load([b, kv_h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if MASKED:
             seen = is_visible(pos, start_n + offs_n, N_Q, N_K, WINDOW, SINK_TOKENS,
@@ -195,47 +202,58 @@ def _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, lo, hi, N_Q, N_K
 
 
 @tuning.autotune(DQ_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS", "GROUP",
-                                "PACK"], pre_hook=_dq_tile_shapes)
+                                "PACK"])
 @triton.jit
 def _tma_dq_kernel(
-    desc_k, desc_v, Q, DO, DQ, LSE, DELTA,
-    H_Q, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
+    K, V, Q, DO, DQ, LSE, DELTA,                 # q, do, dq (B, Hq, N_Q, D), k, v (B, Hkv, N_K, D): any strides
+    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_qb, stride_qh, stride_qn, stride_dob, stride_doh, stride_don, stride_dqb, stride_dqh, stride_dqn,
+    B, H_Q, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PACK: tl.constexpr,
 ):
-    # A program takes PACK query heads of one GQA group at ROWS positions: row r is (batch x head)
-    # head0 + r // ROWS at position start_m + r % ROWS.
+    # A program takes PACK query heads of one GQA group at ROWS positions: row r is head
+    # h0 + r // ROWS of batch b at position start_m + r % ROWS.
     ROWS: tl.constexpr = BLOCK_M // PACK
+    sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile
     pid_m = tl.program_id(0)
-    head0 = tl.program_id(1) * PACK
-    kv_bh = head0 // GROUP
+    pid_hp = tl.program_id(1)
+    b = pid_hp // (H_Q // PACK)
+    h0 = pid_hp % (H_Q // PACK) * PACK
+    kv_h = h0 // GROUP
     start_m = pid_m * ROWS
     r = tl.arange(0, BLOCK_M)
     pos = start_m + r % ROWS
-    bh = head0 + r // ROWS
+    h = h0 + r // ROWS
     row_ok = pos < N_Q
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    stats = bh * N_Q + pos                                   # this row's entry of LSE and DELTA
-    tile = stats.to(tl.int64)[:, None] * HEAD_DIM_PAD + offs_d[None, :]                 # contiguous tensors
-    q = tl.load(Q + tile, mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + tile, mask=row_ok[:, None], other=0.0)
+    stats = (b * H_Q + h) * N_Q + pos                        # this row's entry of LSE and DELTA
+    b64, pos64 = b.to(tl.int64), pos.to(tl.int64)[:, None]
+    q = tl.load(Q + b64 * stride_qb + h[:, None] * stride_qh + pos64 * stride_qn + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b64 * stride_dob + h[:, None] * stride_doh + pos64 * stride_don + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
     lse = tl.load(LSE + stats, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + stats, mask=row_ok, other=0.0)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees nothing: p = 0, not NaN
+
+    desc_k = tiles_of(K, B, H_Q // GROUP, N_K, stride_kb, stride_kh, stride_kn, BLOCK_N, HEAD_DIM_PAD)
+    desc_v = tiles_of(V, B, H_Q // GROUP, N_K, stride_vb, stride_vh, stride_vn, BLOCK_N, HEAD_DIM_PAD)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
                                                       ROWS, BLOCK_N)
     if sink_hi > 0:
-        dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, 0, sink_hi, N_Q, N_K, WINDOW, SINK_TOKENS,
+        dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, b, kv_h, 0, sink_hi, N_Q, N_K, WINDOW, SINK_TOKENS,
                       qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
-    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, lo, full_lo, N_Q, N_K, WINDOW, SINK_TOKENS,
+    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, b, kv_h, lo, full_lo, N_Q, N_K, WINDOW, SINK_TOKENS,
                   qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
-    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS,
+    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, b, kv_h, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS,
                   qk_scale, False, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
-    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, kv_bh, full_hi, hi, N_Q, N_K, WINDOW, SINK_TOKENS,
+    dq = _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, b, kv_h, full_hi, hi, N_Q, N_K, WINDOW, SINK_TOKENS,
                   qk_scale, True, CAUSAL, HAS_WINDOW, BLOCK_N, HEAD_DIM_PAD)
-    tl.store(DQ + tile, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    dq_rows = DQ + b64 * stride_dqb + h[:, None] * stride_dqh + pos64 * stride_dqn + offs_d[None, :]
+    tl.store(dq_rows, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
 def _stat_rows(x: torch.Tensor, rows: int, n: int) -> torch.Tensor:
@@ -289,27 +307,22 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
                                          interpreter_tile=DKDV_INTERPRETER_TILE)
     dq_kernel, dq_tile = tuning.plan(_tma_dq_kernel, DQ_TILES, D, Nq, Nk, interpreter_tile=DQ_INTERPRETER_TILE,
                                      block_m=block_m, block_n=block_n)
-    desc_q, desc_do = (TensorDescriptor.from_tensor(x.view(B * Hq, Nq, D), [1, 16, D]) for x in (q, do))
-    desc_k, desc_v = (TensorDescriptor.from_tensor(x.view(B * Hkv, Nk, D), [1, 16, D]) for x in (k, v))
-    if dq_tile:                                  # a fixed tile: no pre-hook runs, give the shape here
-        _dq_tile_shapes(dict(desc_k=desc_k, desc_v=desc_v, HEAD_DIM_PAD=D, **dq_tile))
 
     # 1. delta = rowsum(dO * O) and the learned sinks' gradient: stage 9's preprocess.
     delta, dsinks = _stage9.backward_preprocess(o, do, lse, sinks)
 
     # 2. dK and dV: one program per (key block, batch x KV head), over the group's query heads.
-    desc_lse, desc_delta = (TensorDescriptor.from_tensor(_stat_rows(x, B * Hq, Nq), [1, 16]) for x in (lse, delta))
-    if dkdv_tile:
-        _dkdv_tile_shapes(dict(desc_q=desc_q, desc_do=desc_do, desc_lse=desc_lse, desc_delta=desc_delta,
-                               HEAD_DIM_PAD=D, **dkdv_tile))
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    lse_rows, delta_rows = (_stat_rows(x, B * Hq, Nq) for x in (lse, delta))    # one row stride for both
+    runtime.tma_scratch()                        # the descriptors the kernels make live in scratch memory
+    dk, dv = torch.empty_like(k), torch.empty_like(v)                         # k's and v's strides
     dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
-        desc_q, desc_do, desc_lse, desc_delta, k, v, dk, dv, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E,
-        **flags, **dkdv_tile)
+        q, do, lse_rows, delta_rows, k, v, dk, dv, *q.stride()[:3], *do.stride()[:3], lse_rows.stride(0),
+        *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        B, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, **flags, **dkdv_tile)
 
     # 3. dQ: one program per (block of positions, batch x PACK query heads of a group).
-    dq = torch.empty_like(q)
+    dq = torch.empty_like(q)                                                  # q's strides
     dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"] // pack), B * Hq // pack)](
-        desc_k, desc_v, q, do, dq, lse, delta, Hq, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, PACK=pack,
-        **flags, **dq_tile)
+        k, v, q, do, dq, lse, delta, *k.stride()[:3], *v.stride()[:3], *q.stride()[:3], *do.stride()[:3],
+        *dq.stride()[:3], B, Hq, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, PACK=pack, **flags, **dq_tile)
     return dq, dk, dv, dsinks

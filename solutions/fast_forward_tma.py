@@ -8,12 +8,17 @@ learner writes.  This file computes the same attention (causal aligned bottom-ri
 sliding windows, sink tokens, learned sinks; o and lse) and differs only where speed and the
 lesson pull apart:
 
-* **TMA descriptors.**  The host describes each tensor once (``TensorDescriptor``: base, shape,
-  strides, tile shape) and the kernel asks for tiles by coordinate,
-  ``desc_k.load([kv_head, start_n, 0])``.  On a Hopper GPU the copy engine (TMA) moves the whole
-  tile into shared memory: no address arithmetic in the kernel's threads, no per-element masks.
-  Rows past the end of a tensor come back as zeros, so only the masked blocks (the diagonal, the
-  window's edge, the last partial block) have to hide keys past N_k.
+* **TMA descriptors for K and V.**  Each program describes K and V once
+  (``tl.make_tensor_descriptor``: base, shape (B, H, N, D), strides, tile shape) and then asks
+  for tiles by coordinate, ``desc_k.load([batch, kv_head, start_n, 0])``.  On a Hopper GPU the
+  copy engine (TMA) moves the whole tile into shared memory: no address arithmetic in the
+  kernel's threads, no per-element masks.  Rows past the end of a tensor come back as zeros, so
+  only the masked blocks (the diagonal, the window's edge, the last partial block) have to hide
+  keys past N_k.  The descriptors take the tensors' own strides, so (B, N, H, D) tensors seen as
+  (B, H, N, D) views are read where they lie, without a copy.  They are made in the kernel
+  rather than on the host because ``torch.compile`` hands a kernel inside an op only tensors
+  and numbers correctly (solutions/attention_op runs this kernel), and they cost a little at
+  each program's start, so q and o, read and written once per program, go through pointers.
 * **Packed GQA heads.**  The query heads of a GQA group read the same keys, and the mask depends
   on the position alone.  So one program takes the whole group (2, 4 or 8 heads) at a quarter
   (half, eighth) of the positions: a 128-row tile is 4 heads x 32 positions.  Its diagonal band
@@ -28,8 +33,9 @@ lesson pull apart:
 * **Causal programs longest first.**  The last query blocks see the most keys; starting them
   first keeps them from running alone at the end of the grid.
 * **Fewer choices.**  Head dims must be powers of two from 16 to 256 (a TMA tile has no padding
-  columns) and the tensors are made contiguous first; stage 8's kernel takes any head dim and
-  any strides.
+  columns), and a tensor is copied first unless its last stride is 1 and its start and other
+  strides fall on 16 bytes (``tma_compatible``); stage 8's kernel takes any head dim and any
+  strides.
 
 ``python -m grader bench stage5`` (and stages 6-9, forward cases) times this file as
 ``solution-tma`` beside the stage's solution; docs/performance.md has the numbers, and
@@ -50,7 +56,6 @@ from kernels.loader import load_file
 import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 # The ranges of key blocks are stage 9's public key_blocks_of (stage 8's, seen from a query
 # block): this forward skips exactly the blocks the pointer-grid one skips.
@@ -71,22 +76,22 @@ TMA_TILES = {
 INTERPRETER_TILE = (32, 32, 4, 1)
 
 
-def _tile_shapes(nargs: dict) -> None:
-    """Give the descriptors the tile shape of the configuration about to run (the autotuner's pre-hook)."""
-    bm, bn, d, pack = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM_PAD"], nargs["PACK"]
-    nargs["desc_q"].block_shape = nargs["desc_o"].block_shape = [1, pack, bm // pack, d]
-    nargs["desc_k"].block_shape = nargs["desc_v"].block_shape = [1, bn, d]
+@triton.jit
+def tiles_of(X, B, H, N, stride_b, stride_h, stride_n, ROWS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """A TMA descriptor of X, (B, H, N, D) with any strides, whose tiles are ROWS positions of one head."""
+    return tl.make_tensor_descriptor(X, shape=[B, H, N, HEAD_DIM_PAD], strides=[stride_b, stride_h, stride_n, 1],
+                                     block_shape=[1, 1, ROWS, HEAD_DIM_PAD])
 
 
 @triton.jit
-def _tma_block(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, start_n, pos, offs_n, N_K, shift, WINDOW, SINK_TOKENS,
+def _tma_block(acc, m_i, l_i, q, desc_k, desc_v, kv_b, kv_h, start_n, pos, offs_n, N_K, shift, WINDOW, SINK_TOKENS,
                qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                HAS_SINK_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """Fold the key block at start_n into the query tile; m_i is in scaled base-2 units.
 
     ``pos`` is each row's query position (with packed GQA heads, rows of different heads share one).
     """
-    k = desc_k.load([kv_bh, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)         # zeros past N_K
+    k = desc_k.load([kv_b, kv_h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)    # zeros past N_K
     s = tl.dot(q, tl.trans(k))                                                  # raw scores
     if MASKED:
         cols = start_n + offs_n
@@ -104,25 +109,25 @@ def _tma_block(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, start_n, pos, offs_n, N_
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s * qk_scale - m_safe[:, None])                                 # one FMA per score
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = desc_v.load([kv_bh, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+    v = desc_v.load([kv_b, kv_h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     return acc, m_new, l_i
 
 
 @triton.jit
-def _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, hi, pos, offs_n, N_K, shift, WINDOW, SINK_TOKENS,
+def _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_b, kv_h, lo, hi, pos, offs_n, N_K, shift, WINDOW, SINK_TOKENS,
                 qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                 HAS_SINK_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """Fold key blocks lo, lo + BLOCK_N, ... (below hi) into the query tile."""
     for start_n in range(lo, hi, BLOCK_N):
-        acc, m_i, l_i = _tma_block(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, start_n, pos, offs_n, N_K, shift, WINDOW,
-                                   SINK_TOKENS, qk_scale, MASKED, CAUSAL, HAS_WINDOW, HAS_SINK_TOKENS, BLOCK_N,
+        acc, m_i, l_i = _tma_block(acc, m_i, l_i, q, desc_k, desc_v, kv_b, kv_h, start_n, pos, offs_n, N_K, shift,
+                                   WINDOW, SINK_TOKENS, qk_scale, MASKED, CAUSAL, HAS_WINDOW, HAS_SINK_TOKENS, BLOCK_N,
                                    HEAD_DIM_PAD)
     return acc, m_i, l_i
 
 
 @triton.jit
-def _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, full_lo, full_hi, hi, pos, offs_n, N_K, shift,
+def _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, kv_b, kv_h, lo, full_lo, full_hi, hi, pos, offs_n, N_K, shift,
                       WINDOW, SINK_TOKENS, qk_scale, CAUSAL: tl.constexpr, HAS_SINK_TOKENS: tl.constexpr,
                       BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """A window's masked blocks, its leading edge [lo, full_lo) and the diagonal band [full_hi, hi), in one loop.
@@ -135,37 +140,52 @@ def _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, full_lo, full
     n_lead = (full_lo - lo) // BLOCK_N
     for j in range(0, n_lead + tl.cdiv(hi - full_hi, BLOCK_N)):
         start_n = tl.where(j < n_lead, lo + j * BLOCK_N, full_hi + (j - n_lead) * BLOCK_N)
-        acc, m_i, l_i = _tma_block(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, start_n, pos, offs_n, N_K, shift, WINDOW,
-                                   SINK_TOKENS, qk_scale, True, CAUSAL, True, HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
+        acc, m_i, l_i = _tma_block(acc, m_i, l_i, q, desc_k, desc_v, kv_b, kv_h, start_n, pos, offs_n, N_K, shift,
+                                   WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, True, HAS_SINK_TOKENS, BLOCK_N,
+                                   HEAD_DIM_PAD)
     return acc, m_i, l_i
 
 
 @tuning.autotune(TMA_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
-                                 "HAS_SINKS", "GROUP", "PACK"], pre_hook=_tile_shapes)
+                                 "HAS_SINKS", "GROUP", "PACK"])
 @triton.jit
 def _tma_forward_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE, SINKS,
-    H_Q, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,   # GROUP = Hq // Hkv query heads share a K/V head
+    Q, K, V, O, LSE, SINKS,                      # q, o (B, Hq, N_Q, D) and k, v (B, Hkv, N_K, D) with any strides
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
+    B, H_Q, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,   # GROUP = Hq // Hkv query heads share a K/V head
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINK_TOKENS: tl.constexpr, HAS_SINKS: tl.constexpr,
     PACK: tl.constexpr,                          # query heads per program (1, or GROUP: see flash_attention)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK         # query positions per program; BLOCK_M rows = PACK heads x ROWS
+    qk_scale = tl.cast(qk_scale, tl.float32)     # float32 under torch.compile too, where a float arrives as float64
     pid_m = tl.program_id(0)                     # which block of query positions
     if CAUSAL:                                   # the longest rows (the last positions) first: no long tail
         pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_hp = tl.program_id(1)                    # which PACK query heads: a row of the (B*Hq/PACK, PACK, N, D) view
-    head0 = pid_hp * PACK                        # its first (batch * Hq + head)
-    kv_bh = head0 // GROUP                       # their K/V head in the (B*Hkv, N, D) view
+    pid_hp = tl.program_id(1)                    # which batch and PACK query heads
+    b = pid_hp // (H_Q // PACK)
+    h0 = pid_hp % (H_Q // PACK) * PACK           # the first of the PACK heads
+    kv_h = h0 // GROUP                           # their K/V head
     start_m = pid_m * ROWS
     rows = tl.arange(0, BLOCK_M)
-    pos = start_m + rows % ROWS                  # row r: head head0 + r // ROWS, position start_m + r % ROWS
-    head = head0 + rows // ROWS
+    pos = start_m + rows % ROWS                  # row r: head h0 + r // ROWS, position start_m + r % ROWS
+    head = h0 + rows // ROWS
     offs_n = tl.arange(0, BLOCK_N)
 
-    q = desc_q.load([pid_hp, 0, start_m, 0]).reshape(BLOCK_M, HEAD_DIM_PAD)
+    # K and V as (B, Hkv, N, D) descriptors, made once per program and read in every loop.
+    desc_k = tiles_of(K, B, H_Q // GROUP, N_K, stride_kb, stride_kh, stride_kn, BLOCK_N, HEAD_DIM_PAD)
+    desc_v = tiles_of(V, B, H_Q // GROUP, N_K, stride_vb, stride_vh, stride_vn, BLOCK_N, HEAD_DIM_PAD)
+
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    row_ok = (pos < N_Q)[:, None]
+    # q and o, once per program, through pointers: a descriptor made in the kernel costs more than
+    # it saves on a tile loaded once (docs/hopper-notes.md).
+    q_rows = (Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh + pos.to(tl.int64)[:, None] * stride_qn
+              + offs_d[None, :])
+    q = tl.load(q_rows, mask=row_ok, other=0.0)
     if HAS_SINKS:                                # a learned sink: a first key of logit SINKS[h] and value 0
-        m_i = tl.load(SINKS + head % H_Q) * 1.4426950408889634
+        m_i = tl.load(SINKS + head) * 1.4426950408889634
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -181,32 +201,44 @@ def _tma_forward_kernel(
     if HAS_WINDOW:                               # no empty loop (and its set-up) without a window
         if HAS_SINK_TOKENS:
             if sink_hi > 0:
-                acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, 0, sink_hi, pos, offs_n, N_K,
+                acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, 0, sink_hi, pos, offs_n, N_K,
                                             shift, WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW,
                                             HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
-        acc, m_i, l_i = _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, lo, full_lo, full_hi, hi, pos,
+        acc, m_i, l_i = _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, lo, full_lo, full_hi, hi, pos,
                                           offs_n, N_K, shift, WINDOW, SINK_TOKENS, qk_scale, CAUSAL, HAS_SINK_TOKENS,
                                           BLOCK_N, HEAD_DIM_PAD)
-    acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, full_lo, full_hi, pos, offs_n, N_K,
+    acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, full_lo, full_hi, pos, offs_n, N_K,
                                 shift, WINDOW, SINK_TOKENS, qk_scale, False, CAUSAL, HAS_WINDOW,
                                 HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
     if not HAS_WINDOW:                           # the diagonal band, or the last partial block
-        acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, kv_bh, full_hi, hi, pos, offs_n, N_K,
+        acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, full_hi, hi, pos, offs_n, N_K,
                                     shift, WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW,
                                     HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)      # a row that saw no key: o = 0, lse = -inf (sinks[h] with a sink)
     o = acc / l_safe[:, None]
-    desc_o.store([pid_hp, 0, start_m, 0],        # positions past N_Q dropped
-                 o.to(desc_o.dtype).reshape(1, PACK, ROWS, HEAD_DIM_PAD))
-    tl.store(LSE + head * N_Q + pos, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=pos < N_Q)
+    o_rows = (O + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh + pos.to(tl.int64)[:, None] * stride_on
+              + offs_d[None, :])
+    tl.store(o_rows, o.to(O.dtype.element_ty), mask=row_ok)
+    tl.store(LSE + (b * H_Q + head) * N_Q + pos, (m_i + tl.log2(l_safe)) * 0.6931471805599453, mask=pos < N_Q)
+
+
+def tma_strides(x: torch.Tensor) -> bool:
+    """Whether ``x``'s strides suit a TMA descriptor: the last 1, every other a positive multiple of
+    16 bytes (not 0, as an expanded tensor's are)."""
+    size, strides = x.element_size(), x.stride()
+    return strides[-1] == 1 and all(s > 0 and s * size % 16 == 0 for s in strides[:-1])
+
+
+def tma_compatible(x: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can read ``x`` where it lies: its strides (``tma_strides``) and
+    a start on 16 bytes."""
+    return tma_strides(x) and x.data_ptr() % 16 == 0
 
 
 def tma_ready(x: torch.Tensor) -> torch.Tensor:
-    """Contiguous, with a 16-byte-aligned start: what a TMA descriptor needs (a copy otherwise)."""
-    if not x.is_contiguous() or x.data_ptr() % 16:
-        x = x.clone(memory_format=torch.contiguous_format)
-    return x
+    """``x`` itself when a TMA descriptor can read it, else a contiguous copy."""
+    return x if tma_compatible(x) else x.clone(memory_format=torch.contiguous_format)
 
 
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
@@ -235,22 +267,20 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
                          f"(a multiple of {pack})")
     kernel, tile = tuning.plan(_tma_forward_kernel, TMA_TILES, D, Nq, Nk, interpreter_tile=INTERPRETER_TILE,
                                block_m=block_m, block_n=block_n)
-    bm, bn = (tile["BLOCK_M"], tile["BLOCK_N"]) if tile else tuning.first_entry(TMA_TILES, D, INTERPRETER_TILE)[:2]
     q, k, v = (tma_ready(x) for x in (q, k, v))
-    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D), contiguous
+    o = torch.empty_like(q)                                                  # (B, Hq, Nq, D), q's strides
+    if not tma_compatible(o):
+        o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)      # (B, Hq, Nq)
-    # Views with one row of tiles per (batch, head), so a tile never reads into the next head;
-    # q and o group their heads by PACK, so one tile takes PACK heads at the same positions.
-    desc_q, desc_o = (TensorDescriptor.from_tensor(x.view(B * Hq // pack, pack, Nq, D), [1, pack, bm // pack, D])
-                      for x in (q, o))
-    desc_k, desc_v = (TensorDescriptor.from_tensor(x.view(B * Hkv, Nk, D), [1, bn, D]) for x in (k, v))
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     has_sink_tokens = window is not None and sink_tokens > 0      # without a window every earlier key is seen
     sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None   # (Hq,)
 
     def grid(meta):
         return triton.cdiv(Nq, meta["BLOCK_M"] // pack), B * Hq // pack
-    kernel[grid](desc_q, desc_k, desc_v, desc_o, lse, sinks if sinks is not None else lse, Hq, Hq // Hkv, Nq, Nk,
+    runtime.tma_scratch()                        # the descriptors the kernel makes live in scratch memory
+    kernel[grid](q, k, v, o, lse, sinks if sinks is not None else lse,
+                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], B, Hq, Hq // Hkv, Nq, Nk,
                  window if window is not None else 0, sink_tokens if has_sink_tokens else 0, scale * LOG2E,
                  CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINK_TOKENS=has_sink_tokens,
                  HAS_SINKS=sinks is not None, PACK=pack, HEAD_DIM_PAD=D, **tile)

@@ -86,6 +86,8 @@ def test_strided_inputs_and_a_fixed_dq_tile(fast):
     assert not qt.is_contiguous()
     o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3)
     got = fast.flash_attention_backward(qt, kt, vt, o, lse, dot, causal=True, sm_scale=0.3, block_m=16, block_n=16)
+    # Read where they lie, the gradients in the inputs' layout: no copy on the way in or out.
+    assert [g.stride() for g in got[:3]] == [qt.stride(), kt.stride(), vt.stride()]
     _check_grads(got, q, k, v, do, causal=True, sm_scale=0.3)
 
 

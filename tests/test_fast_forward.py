@@ -78,12 +78,23 @@ def test_rows_that_see_nothing_give_zero_and_minus_infinity(fast):
     assert torch.isfinite(lse[:, :, 30:]).all()
 
 
-def test_strided_inputs_and_fixed_tiles(fast):
-    q, k, v = _inputs(2, 3, 3, 45, 45, 32, torch.float32, seed=1)
+@pytest.mark.parametrize("hq, hkv", [(3, 3), (4, 2)])   # one head a program, and a packed GQA group
+def test_strided_inputs_and_fixed_tiles(fast, hq, hkv):
+    q, k, v = _inputs(2, hq, hkv, 45, 45, 32, torch.float32, seed=1)
     qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))   # (B, N, H, D) storage
-    assert not qt.is_contiguous()
+    assert not qt.is_contiguous() and fast.tma_compatible(qt)
     o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3, block_m=16, block_n=32)
+    assert o.stride() == qt.stride()            # read where it lies and written in the same layout: no copy
     _check(o, lse, q, k, v, causal=True, sm_scale=0.3)
+
+
+def test_strides_a_descriptor_cannot_take_are_copied_first(fast):
+    q, k, v = _inputs(1, 2, 2, 33, 33, 18, torch.float32, seed=3)
+    qs, ks, vs = (x[..., :16] for x in (q, k, v))          # rows 72 bytes apart: not on 16 bytes
+    assert not fast.tma_compatible(qs)
+    o, lse = fast.flash_attention(qs, ks, vs, causal=True)
+    assert o.is_contiguous()
+    _check(o, lse, qs, ks, vs, causal=True)
 
 
 @pytest.mark.parametrize("kwargs, error, words", [

@@ -65,3 +65,28 @@ def test_loading_a_stage_file_installs_the_hook():
             "from triton.runtime import interpreter; print(getattr(interpreter._patch_lang, '_workbook_once', False))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "True", done.stdout + done.stderr
+
+
+def test_tma_scratch_gives_triton_an_allocator_only_where_none_is_set(monkeypatch):
+    """Kernels that make TMA descriptors need scratch memory at launch; runtime.tma_scratch() lends
+    PyTorch's allocator to every thread where the program set none, and keeps one it did set."""
+    import threading
+
+    import triton
+    from triton.runtime import _allocation
+
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setattr(_allocation, "_allocator", _allocation._allocator)      # restored afterwards
+    _allocation._allocator.set(_allocation.NullAllocator())
+    runtime.tma_scratch()
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(_allocation._allocator.get()))
+    thread.start()
+    thread.join()
+    assert _allocation._allocator.get() is runtime._scratch and seen == [runtime._scratch]   # autograd's too
+
+    def mine(size, alignment, stream):
+        return None
+    triton.set_allocator(mine)
+    runtime.tma_scratch()
+    assert _allocation._allocator.get() is mine

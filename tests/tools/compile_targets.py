@@ -14,9 +14,11 @@ each configuration's shared memory beside the target's limit.
 What it compiles (tests/test_targets.py says why): on every target, the first entry of each
 table row (the tile used untimed) for stage 2's and stage 9's kernels, in float16 and, for stage
 9, float32; whole tables of stage 9's kernels (its forward is stage 8's code, with the table of
-stages 3 and 5-7) in float16 on one target per table; and the forwards of stages 3 and 5-8 at
+stages 3 and 5-7) in float16 on one target per table; the forwards of stages 3 and 5-8 at
 each table row's first entry on those targets (on sm_75, whose compiles are the slowest, at
-D=128).  ``--cache FILE`` reuses the shared memory recorded for an identical compile (same
+D=128); and the TMA kernels (solutions/fast_*_tma.py, stage "tma") on sm_90, the one target
+solutions/attention_op runs them on, at D=64 and D=128, their whole tables.  ``--cache FILE``
+reuses the shared memory recorded for an identical compile (same
 Triton version, target, kernel source, signature, constants and options), except for the jobs
 marked ``always``, which compile on every run.
 
@@ -97,7 +99,7 @@ def record_launches(source: str) -> list[dict]:
     def hook(*args, **kwargs):
         compile_info = kwargs["compile"]
         fn = kwargs["fn"].jit_function
-        launches.append({**context, "kernel": fn, "name": fn.__name__,
+        launches.append({**context, "source": source, "kernel": fn, "name": fn.__name__,
                          "signature": compile_info["signature"], "constants": dict(compile_info["constants"]),
                          "attrs": compile_info["configs"][0],
                          "num_warps": compile_info["num_warps"], "num_stages": compile_info["num_stages"]})
@@ -135,16 +137,38 @@ def record_launches(source: str) -> list[dict]:
                 context.update(table="backward")
                 stage9.flash_attention_backward(q, kv, kv, torch.zeros_like(q), torch.zeros_like(q[..., 0]).float(), q,
                                                 causal=True, window=24, sink_tokens=2, sinks=sinks)
+        tma = _tma_modules(source)
+        for d in (64, 128) if tma else ():       # the TMA kernels, which solutions/attention_op runs on sm_90
+            context.update(stage="tma", table="tma", dtype="float16", head_dim=d)
+            q, kv = rand(1, 4, 40, d, dtype=torch.float16), rand(1, 2, 40, d, dtype=torch.float16)
+            sinks = torch.zeros(4, device=runtime.DEVICE)
+            o, lse = tma[0].flash_attention(q, kv, kv, causal=True, window=24, sink_tokens=2, sinks=sinks)
+            tma[1].flash_attention_backward(q, kv, kv, torch.zeros_like(q), torch.zeros_like(q[..., 0]).float(), q,
+                                            causal=True, window=24, sink_tokens=2, sinks=sinks)
     finally:
         knobs.runtime.jit_cache_hook = None
         pass                           # the stand-in driver stays: there is no real one to go back to
-    return launches
+    # The TMA backward runs stage 9's preprocess, compiled under stage 9 already.
+    return [x for x in launches if x["stage"] != "tma" or x["name"].startswith("_tma_")]
+
+
+def _tma_modules(source: str):
+    """The TMA forward and backward (instructors' files), or None where the source has none."""
+    from kernels.loader import load_file, source_dir
+    folder = source_dir(source)
+    if not (folder / "fast_forward_tma.py").exists() or not (folder / "fast_backward_tma.py").exists():
+        return None
+    return load_file(folder / "fast_forward_tma.py"), load_file(folder / "fast_backward_tma.py")
 
 
 def tables_for(launch: dict, smem: int, stage9) -> list[tuple[int, int, int, int]] | None:
     """The tiles a GPU with ``smem`` bytes per block would try for this launch (None: no table)."""
     d = launch["constants"][(launch["kernel"].arg_names.index("HEAD_DIM_PAD"),)] if launch["table"] else None
-    if launch["table"] == "forward":
+    if launch["table"] == "tma":                 # one table per kernel, for sm_90's shared memory
+        forward, backward = _tma_modules(launch["source"])
+        table = {"_tma_forward_kernel": forward.TMA_TILES, "_tma_dkdv_kernel": backward.DKDV_TILES,
+                 "_tma_dq_kernel": backward.DQ_TILES}[launch["name"]]
+    elif launch["table"] == "forward":
         table = tuning.for_smem(tuning.FORWARD_TILES_BY_SMEM, smem)
     elif launch["name"] == "_bwd_dkdv_kernel":
         table = tuning.for_smem(stage9.DKDV_TILES_BY_SMEM, smem)
@@ -217,10 +241,13 @@ def plan_jobs(launches: list[dict], targets: list[str], stage9) -> list[dict]:
             stage, dtype, d = launch["stage"], launch["dtype"], launch.get("head_dim")
             if dtype == "float32" and stage != "stage9":
                 continue                  # float32: stage 9's kernels (its forward is stage 8's code)
+            if stage == "tma" and target != "sm_90":
+                continue                  # the TMA kernels: where the op runs them
             if stage not in ("stage2", "stage9") and (target not in TABLE_TARGETS or target == "sm_75" and d != 128):
                 continue                  # stages 3, 5-8: stage 9's forward stands for them (see the doc above)
             entries = tables_for(launch, limit, stage9)
-            whole = entries is not None and stage == "stage9" and dtype == "float16" and target in TABLE_TARGETS
+            whole = (entries is not None and stage in ("stage9", "tma") and dtype == "float16"
+                     and target in TABLE_TARGETS)
             entries = [(None, None, launch["num_warps"], launch["num_stages"])] if entries is None else \
                 entries if whole else entries[:1]
             for i, (bm, bn, warps, stages) in enumerate(entries):
@@ -235,7 +262,7 @@ def plan_jobs(launches: list[dict], targets: list[str], stage9) -> list[dict]:
                 seen.add(key)
                 always = i == 0 and dtype == "float16" and d in (128, None) and (
                     (stage == "stage9" and launch["table"] == "backward" or launch["name"] == "_flash_forward_kernel"
-                     and stage == "stage9") or target in ALWAYS_ALL_STAGES)
+                     and stage == "stage9") or target in ALWAYS_ALL_STAGES or stage == "tma")
                 jobs.append({"launch": launch, "constants": constants, "target": target, "cc": cc, "limit": limit,
                              "tile": [bm, bn, warps, stages], "key": key, "always": always})
     return jobs
