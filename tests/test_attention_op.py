@@ -25,6 +25,18 @@ def op():
     return load_package(PATH)
 
 
+# Which kernels serve the op: stage 9's, or the TMA kernels ("auto" takes them on a GPU of compute
+# capability 9.0 or later; "tma" takes them in Triton's CPU interpreter too).
+KERNEL_SETS = ["stage9", "tma" if not runtime.ON_GPU else "auto"]
+
+
+@pytest.fixture(params=KERNEL_SETS)
+def kernels(op, request):
+    op.plans.KERNELS = request.param
+    yield request.param
+    op.plans.KERNELS = "auto"
+
+
 def _qkv(b, hq, hkv, nq, nk, d, layout="bhnd", dtype=DTYPE, seed=0, grad=False):
     gen = torch.Generator().manual_seed(seed)
     shape = (lambda h, n: (b, h, n, d)) if layout == "bhnd" else (lambda h, n: (b, n, h, d))
@@ -131,7 +143,7 @@ def test_fake_forward_and_backward_metadata(op):
         assert out.shape == q.shape and out.stride() == q.stride()
 
 
-def test_opcheck_cpu(op):
+def test_opcheck_cpu(op, kernels):
     """opcheck's tests that run the op eagerly (the interpreter runs the kernels)."""
     q, k, v = _qkv(1, 2, 1, 20, 20, 16, grad=True)
     sinks = torch.randn(2, device=DEVICE, requires_grad=True)
@@ -146,7 +158,7 @@ def test_opcheck_cpu(op):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
-def test_forward_and_gradients_match_reference(op, layout):
+def test_forward_and_gradients_match_reference(op, kernels, layout):
     q, k, v = _qkv(2, 4, 2, 37, 45, 16, layout=layout, grad=True, seed=3)
     sinks = torch.randn(4, device=DEVICE, requires_grad=True)
     mask = dict(causal=True, window=9, sink_tokens=2)
@@ -167,7 +179,7 @@ def test_forward_and_gradients_match_reference(op, layout):
         assert report.ok, report.message
 
 
-def test_op_path_matches_eager_path(op):
+def test_op_path_matches_eager_path(op, kernels):
     """Under a dispatch mode (as under a tracer) attention() takes the registered op, not the
     eager autograd.Function: both give the same bits, forward and backward."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -195,7 +207,39 @@ def test_op_path_matches_eager_path(op):
 def test_launch_plan_is_cached(op):
     args = (1, 4, 2, 100, 100, 64, DTYPE, DEVICE, True, 0, 0, False)
     assert op.launch_plan(*args) is op.launch_plan(*args)
-    assert set(op.launch_plan(*args)) == {"forward", "dkdv", "dq"}
+    assert set(op.launch_plan(*args)) == {"tma", "forward", "dkdv", "dq"}
+    assert op.launch_plan(*args, tma=False)["tma"] is False
+
+
+def test_which_kernels_a_call_takes(op, monkeypatch):
+    """The TMA kernels take a call when its shape, dtype and device allow them and every tensor's
+    strides suit a descriptor; anything else goes to stage 9's kernels, with no copy."""
+    monkeypatch.setattr(op.plans, "KERNELS", "tma")
+
+    def kernels_of(q, k, v, do=None, **options):
+        seen = []
+        real = op.launch._direct
+
+        def spy(kernel):
+            seen.append(kernel.__name__)
+            return real(kernel)
+        monkeypatch.setattr(op.api, "_launcher", lambda key: spy)
+        o = op.attention(q, k, v, **options)
+        torch.autograd.grad(o, (q, k, v), torch.randn_like(o) if do is None else do)
+        return seen
+
+    q, k, v = _qkv(1, 4, 2, 24, 24, 16, layout="bnhd", grad=True)
+    assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
+        "_tma_forward_kernel", "_bwd_preprocess_kernel", "_tma_dkdv_kernel", "_tma_dq_kernel"]
+    forward_only = kernels_of(q, k, v, torch.ones(1, device=DEVICE, dtype=q.dtype).expand(q.shape),
+                              is_causal=True, enable_gqa=True, layout="bnhd")     # do with stride 0: .sum()'s
+    assert forward_only == ["_tma_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+    q, k, v = _qkv(1, 4, 2, 24, 24, 24, layout="bnhd", grad=True)          # D 24: no TMA tile
+    assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
+        "_flash_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+    q, k, v = (t.detach()[..., :16].requires_grad_(True) for t in _qkv(1, 4, 2, 24, 24, 18, grad=True))
+    assert kernels_of(q, k, v, is_causal=True, enable_gqa=True) == [   # rows 72 bytes apart
+        "_flash_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +280,7 @@ def _grads(model, x):
 
 
 @gpu
-def test_opcheck_gpu(op):
+def test_opcheck_gpu(op, kernels):
     q, k, v = _qkv(2, 4, 2, 70, 90, 64, grad=True)
     sinks = torch.randn(4, device=DEVICE, requires_grad=True)
     for args in ((q, k, v, sinks, True, 16, 2, 0.2), (q, k, v, None, False, 0, 0, 0.125)):
@@ -249,20 +293,29 @@ def test_opcheck_gpu(op):
 
 
 @gpu
-def test_same_bits_as_stage9(op):
+def test_same_bits_as_the_kernels_it_launches(op, kernels):
+    """The op's forward and gradients are those of the kernels it launches, called directly:
+    stage 9's ``attention``, or (on a GPU with TMA) the TMA forward and backward."""
     q, k, v = _qkv(2, 8, 2, 300, 300, 64, grad=True)
     sinks = torch.randn(8, device=DEVICE, requires_grad=True)
     do = torch.randn_like(q)
     o = op.attention(q, k, v, is_causal=True, window=64, sinks=sinks, enable_gqa=True)
     ours = (o, *torch.autograd.grad(o, (q, k, v, sinks), do))
-    o9 = op.s9.attention(q, k, v, causal=True, window=64, sinks=sinks)
-    theirs = (o9, *torch.autograd.grad(o9, (q, k, v, sinks), do))
+    if op.launch_plan(2, 8, 2, 300, 300, 64, DTYPE, q.device, True, 64, 0, True)["tma"]:
+        opts = dict(causal=True, window=64, sinks=sinks.detach())
+        q, k, v = (t.detach() for t in (q, k, v))
+        o_tma, lse = op.plans.tma_forward.flash_attention(q, k, v, **opts)
+        theirs = (o_tma, *op.plans.tma_backward.flash_attention_backward(q, k, v, o_tma, lse, do, **opts))
+    else:
+        assert kernels == "stage9" or torch.cuda.get_device_capability()[0] < 9
+        o9 = op.s9.attention(q, k, v, causal=True, window=64, sinks=sinks)
+        theirs = (o9, *torch.autograd.grad(o9, (q, k, v, sinks), do))
     for name, a, b in zip(("o", "dq", "dk", "dv", "dsinks"), ours, theirs):
-        assert torch.equal(a, b), f"{name} differs from stage 9's by {(a.float() - b.float()).abs().max()}"
+        assert torch.equal(a, b), f"{name} differs from the kernels' own by {(a.float() - b.float()).abs().max()}"
 
 
 @gpu
-def test_kept_kernels_give_tritons_results(op):
+def test_kept_kernels_give_tritons_results(op, kernels):
     """The eager path's second call of a shape launches the compiled kernels it kept; a
     (B, N, H, D) view, a misaligned view and another shape each get their own."""
     base = torch.randn(2, 301 * 8 * 64 + 4, device=DEVICE, dtype=DTYPE)
@@ -290,7 +343,7 @@ def test_kept_kernels_give_tritons_results(op):
 
 @gpu
 @pytest.mark.parametrize("n", [200, 2048])       # 2048: a shape whose tiles the autotuner picks
-def test_compile_fullgraph_matches_eager(op, n):
+def test_compile_fullgraph_matches_eager(op, kernels, n):
     torch.manual_seed(0)
     model = TinyModel(op).to(DEVICE).to_bf16()
     x = torch.randn(2, n, 256, device=DEVICE, dtype=torch.bfloat16)
@@ -316,11 +369,12 @@ def test_inductor_takes_each_kernel_to_write_only_its_outputs():
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
-        "forward": ["LSE", "O"], "preprocess": ["DELTA", "DSINKS_PART"], "dkdv": ["DK", "DV"], "dq": ["DQ"]}
+        "forward": ["LSE", "O"], "preprocess": ["DELTA", "DSINKS_PART"], "dkdv": ["DK", "DV"], "dq": ["DQ"],
+        "tma_forward": ["LSE", "O"], "tma_dkdv": ["DK", "DV"], "tma_dq": ["DQ"]}
 
 
 @gpu
-def test_cuda_graphs_when_q_k_v_are_the_inputs(op):
+def test_cuda_graphs_when_q_k_v_are_the_inputs(op, kernels):
     """q, k and v as the compiled function's own inputs (in TinyModel they are made inside): the op
     only reads them, so the compiled forward copies none of them and CUDA graphs are kept."""
     from torch._dynamo.utils import counters
@@ -343,7 +397,7 @@ def test_cuda_graphs_when_q_k_v_are_the_inputs(op):
 
 
 @gpu
-def test_cuda_graphs(op):
+def test_cuda_graphs(op, kernels):
     from torch._dynamo.utils import counters
     torch.manual_seed(0)
     model = TinyModel(op).to(DEVICE).to_bf16()
@@ -406,3 +460,19 @@ def test_bench_host_without_a_gpu_says_so(capsys):
     from grader.__main__ import main as cli
     assert cli(["bench", "host"]) == 2
     assert "times host overhead on a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_bench_times_the_op_after_checking_it():
+    """``python -m grader bench stage9`` times the op (provider ``op``) beside the kernels, forward
+    and backward, once its outputs and gradients pass the reference."""
+    from grader.bench import measure
+    from grader.bench.cases import PROVIDERS, Case
+    assert "op" in PROVIDERS["stage9"]
+    small = dict(batch=1, heads=4, kv_heads=2, n_q=40, n_k=40, head_dim=16, causal=True, window=8, sink_tokens=2,
+                 sinks=True, dtype=torch.float32)
+    rows = measure.run("stage9", cases=[Case(**small), Case(**small, backward=True)], providers=["op"],
+                       device=DEVICE, timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
+    assert [(r["note"], r["ms"]) for r in rows] == [("", 1.0), ("", 1.0)]
+    learner = measure.run("stage9", source="stages", cases=[Case(**small)], providers=["op"], device=DEVICE,
+                          timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
+    assert learner[0]["note"] == "n/a: the op is an instructor's package, solutions/attention_op"

@@ -106,12 +106,13 @@ CASES: dict[str, list[Case]] = {
 }
 
 PROVIDER_NAMES = ("solution", "sdpa-flash", "sdpa-cudnn", "flex", "stage3-triton", "solution-tma",
-                  "solution-wgmma")
+                  "solution-wgmma", "op")
 DEFAULT_PROVIDERS = ["solution", "sdpa-flash", "sdpa-cudnn", "flex"]
 _WITH_TMA = ["solution", "solution-tma", "sdpa-flash", "sdpa-cudnn", "flex"]
 PROVIDERS: dict[str, list[str]] = {
     "stage4": ["solution", "solution-wgmma", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
-    "stage5": _WITH_TMA, "stage6": _WITH_TMA, "stage7": _WITH_TMA, "stage8": _WITH_TMA, "stage9": _WITH_TMA,
+    "stage5": _WITH_TMA, "stage6": _WITH_TMA, "stage7": _WITH_TMA, "stage8": _WITH_TMA,
+    "stage9": _WITH_TMA + ["op"],
 }
 #: What a learner's notebook races: their own kernel and PyTorch's attention.  Never the instructors' variants
 #: (solution-tma, solution-wgmma) nor another stage's kernel, which compile for minutes at first use and are

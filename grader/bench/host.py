@@ -8,6 +8,8 @@ wall time before it synchronizes, its wall time the same after.  The cases are t
 (forward, forward under no_grad, forward and backward), its parts (the forward op through the
 dispatcher, the bare forward kernel's launch), stage 9's ``attention`` and PyTorch's SDPA at the
 same size (no window, no sinks): the host time an op that autograd calls costs PyTorch itself.
+The op's forward and backward also run with stage 9's kernels in place of the TMA kernels, where
+the GPU has TMA: the host time each set costs.
 Last, the GPU time of one forward, from a CUDA graph's replay.
 """
 
@@ -61,13 +63,22 @@ def host_overhead(*, calls: int = 2000, batch=1, heads=8, kv_heads=2, n=128, hea
 
     qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     o, lse = op.launch._forward(qb, kb, vb, sinks, True, 64, 0, 0.125)
-    tile = op.plans._plan_for(qb, kb, True, 64, 0, True)["forward"]
+    tile = op.plans._plan_for(qb, kb, True, 64, 0, True, tma=False)["forward"]     # stage 9's tile
     kernel = s9.flash_forward_kernel.fn[(triton.cdiv(n, tile["BLOCK_M"]), batch * heads)]
 
-    def launch_only():                                  # the forward kernel into existing outputs
+    def launch_only():                                  # stage 9's forward kernel into existing outputs
         kernel(qb, kb, vb, o, lse, sinks, lse, *qb.stride(), *kb.stride(), *vb.stride(), *o.stride(),
                heads, heads // kv_heads, n, n, head_dim, 64, 0, 0.125 * s9.LOG2E, CAUSAL=True, HAS_WINDOW=True,
                HAS_SINKS=True, COUNT_VISITS=False, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), **tile)
+
+    def stage9_kernels(fn):                             # the op with stage 9's kernels, not the TMA ones
+        def run():
+            op.plans.KERNELS = "stage9"
+            try:
+                return fn()
+            finally:
+                op.plans.KERNELS = "auto"
+        return run
 
     def no_grad(fn):
         def run():
@@ -78,8 +89,10 @@ def host_overhead(*, calls: int = 2000, batch=1, heads=8, kv_heads=2, n=128, hea
     cases = {"attention forward": lambda: ours(),
              "attention forward, no_grad": no_grad(ours),
              "attention forward+backward": lambda: torch.autograd.grad(ours(), (q, k, v, sinks), do),
+             "attention fwd+bwd, stage 9's kernels": stage9_kernels(
+                 lambda: torch.autograd.grad(ours(), (q, k, v, sinks), do)),
              "op forward (dispatcher)": lambda: op.attention_forward(qb, kb, vb, sinks, True, 64, 0, 0.125),
-             "forward kernel launch": launch_only,
+             "forward kernel launch (stage 9's)": launch_only,
              "stage 9 forward": lambda: stage9(),
              "stage 9 forward+backward": lambda: torch.autograd.grad(stage9(), (qt, kt, vt, sinks), dot),
              # PyTorch's own fused attention (no window, no sinks) at the same size: the host time
@@ -114,7 +127,7 @@ def main() -> int:
     print(f"{runtime.describe()}, triton {triton.__version__}")
     shape = dict(batch=1, heads=8, kv_heads=2, n=128, head_dim=64)
     for name, t in host_overhead(**shape).items():
-        print(f"{name:<28} host {t['host_us']:7.1f} µs/call   wall {t['wall_us']:7.1f} µs/call   ({shape})")
+        print(f"{name:<38} host {t['host_us']:7.1f} µs/call   wall {t['wall_us']:7.1f} µs/call   ({shape})")
     q = torch.randn(1, 128, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     op.attention(q, k, v, is_causal=True, window=64, enable_gqa=True, layout="bnhd")     # compile before capture

@@ -22,6 +22,9 @@ Providers, timed in the same run on the same inputs:
                     beside the readable solutions (stages 5-9)
     solution-wgmma  solutions/fast_variable_block_wgmma.py: stage 4's forward with wgmma, TMA and
                     a producer warpgroup, the Hopper variant beside the mma.sync kernel (stage 4)
+    op              solutions/attention_op's attention(): the op a model calls, with the kernels
+                    it picks (the TMA kernels where the GPU has TMA), its plans and its autograd
+                    (stage 9)
 
 GQA goes to SDPA and flex through enable_gqa=True.  A provider that cannot express a case (SDPA
 has no window, sink tokens or learned sinks, and aligns causal masks top-left) is reported

@@ -136,6 +136,25 @@ class WgmmaVariant(InstructorVariant):
         raise NotApplicable("the wgmma variant has no backward")
 
 
+class Op(Provider):
+    """``solutions/attention_op``'s ``attention``: the op a model calls, with the kernels it picks
+    (the TMA kernels on a GPU that has TMA, else stage 9's), its launch plans and its autograd."""
+    name = "op"
+
+    def __init__(self, source: str):
+        from kernels.loader import ROOT, load_package, source_dir
+        path = ROOT / "solutions" / "attention_op"
+        if source_dir(source).resolve() != (ROOT / "solutions").resolve() or not path.exists():
+            raise NotApplicable("the op is an instructor's package, solutions/attention_op")
+        self.module = load_package(path)
+
+    def attend(self, case, x):
+        attention = self.module.attention
+        opts = dict(is_causal=case.causal, window=case.window, sink_tokens=case.sink_tokens,
+                    enable_gqa=case.hkv != case.heads)
+        return lambda q, k, v, sinks: attention(q, k, v, sinks=sinks, **opts)
+
+
 class Sdpa(Provider):
     """``scaled_dot_product_attention`` restricted to one backend."""
 
@@ -262,6 +281,8 @@ def provider(name: str, stage: str, source: str) -> Provider:
         return TmaVariant(source)
     if name == "solution-wgmma":
         return WgmmaVariant(source)
+    if name == "op":
+        return Op(source)
     if name == "sdpa-flash":
         return Sdpa(name, "FLASH_ATTENTION")
     if name == "sdpa-cudnn":

@@ -1,4 +1,5 @@
-"""Stage 9's attention as a real PyTorch op: ``torch.compile``, CUDA graphs, low host overhead.
+"""Stage 9's attention as a real PyTorch op: ``torch.compile``, CUDA graphs, low host overhead, and
+the TMA kernels on Hopper.
 
 What this package adds to stage 9
 ---------------------------------
@@ -7,7 +8,18 @@ Stage 9's ``attention`` is a plain ``autograd.Function`` around Triton kernels w
 autotuner (it mutates its config list), Inductor recompiles the kernels with its own view of
 the arguments, and every call re-validates its inputs and re-plans its launch in Python, which
 costs more host time than a small GPU call takes.  This package keeps stage 9's kernels (but
-for one hook, below) and changes how they are called:
+for one hook, below), adds the faster TMA kernels where the GPU has them, and changes how they
+are called:
+
+* **The fastest kernels the GPU and the call allow.**  On a GPU of compute capability 9 (H100,
+  H200) the op launches the TMA kernels of solutions/fast_forward_tma.py and
+  fast_backward_tma.py when the head dim is a power of two, the dtype float16 or bfloat16, and
+  every tensor's strides suit a TMA descriptor (last stride 1, start and other strides on 16
+  bytes: a (B, N, H, D) tensor from a projection does); anything else goes to stage 9's
+  kernels, which take any head dim and strides.  Neither copies an input.  The backward's first
+  kernel (delta and dsinks) is stage 9's either way, and a forward of one set and a backward of
+  the other agree on o and lse.  ``plans.KERNELS`` can pin stage 9's kernels (or, for tests, the
+  TMA kernels in Triton's CPU interpreter).
 
 * **Two ``torch.library.triton_op`` ops**, ``workbook::attention_forward`` (q, k, v, sinks ->
   o, lse) and ``workbook::attention_backward`` (-> dq, dk, dv, dsinks), each launching the
@@ -27,12 +39,12 @@ for one hook, below) and changes how they are called:
 * **Stage 9's kernels, one hook.**  Under ``torch.compile`` a Python float argument reaches a
   user kernel as float64, which would spread into the accumulators and break the compile; stage
   9's kernels (and the forward kernel it takes from stage 8) cast their scale arguments to
-  float32 first.
-* **A launch plan per shape, made outside tracing.**  The tile (BLOCK_M, BLOCK_N, warps,
-  stages) of each kernel is chosen once per (shape, dtype, options): the table's first entry
-  for short sequences, else stage 9's autotuner run once on random inputs of that shape, with
-  every tracing mode switched off.  The plan is cached, so the compiler only ever meets a bare
-  kernel with fixed meta-parameters, and eager calls skip the planning.
+  float32 first, as the TMA kernels do.
+* **A launch plan per shape, made outside tracing.**  The kernel set and the tile (BLOCK_M,
+  BLOCK_N, warps, stages) of each kernel are chosen once per (shape, dtype, options): the
+  table's first entry for short sequences, else the set's autotuners run once on random inputs
+  of that shape, with every tracing mode switched off.  The plan is cached, so the compiler only
+  ever meets a bare kernel with fixed meta-parameters, and eager calls skip the planning.
 * **An SDPA-style entry**, :func:`attention`, with SDPA's argument names (``is_causal``,
   ``scale``, ``enable_gqa``), the workbook's ``window``, ``sink_tokens`` and ``sinks``, and an
   explicit ``layout``: ``"bhnd"`` (B, H, N, D) as in the workbook and SDPA, or ``"bnhd"``
@@ -55,7 +67,7 @@ layout is a ``ValueError`` that names the argument and the layout.
 Where each part lives
 ---------------------
 
-    plans.py     the tiles of each kernel, one plan per (shape, dtype, options)
+    plans.py     which kernels, and the tiles of each, one plan per (shape, dtype, options)
     launch.py    the forward and backward bodies, the kernels' launches and the compiled kernels kept
     library.py   the torch.library ops, their fake implementations and their autograd
     api.py       attention(): validation, then the eager path or the ops

@@ -2,8 +2,9 @@
 and the compiled kernels the eager path keeps.
 
 Tensors arrive as (B, H, N, D), or as (B, N, H, D) with ``bnhd``, with any strides; window 0 means
-no window.  ``launch(kernel)`` is ``wrap_triton`` inside the ops, so that torch.compile sees the
-kernel, and in eager mode the kernel itself or :class:`_Launch`.
+no window.  Each body launches the TMA kernels where the plan and the strides allow, else stage
+9's.  ``launch(kernel)`` is ``wrap_triton`` inside the ops, so that torch.compile sees the kernel,
+and in eager mode the kernel itself or :class:`_Launch`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from kernels import runtime
 import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 
-from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9
+from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9, tma_backward, tma_forward, tma_strides
 
 # =============================================================================================
 # The outputs, allocated the same way by the ops and by their fake implementations, so that
@@ -105,11 +106,26 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
     """``(o, lse)``: o like q (same strides, so a (B, N, H, D) q gives a (B, N, H, D) o), lse
     (B, Hq, Nq) float32.  ``launch(kernel)`` is ``wrap_triton`` inside the op, so that
     torch.compile sees the kernel, and the kernel itself in eager mode.  Tensors are (B, H, N, D),
-    or (B, N, H, D) with ``bnhd``."""
+    or (B, N, H, D) with ``bnhd``.  The TMA forward where the plan and the strides allow it,
+    else stage 9's."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
-    tile = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)["forward"]
+    plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
+    tile = plan["forward"]
     o, lse = _forward_outputs(q, bnhd)
+    if plan["tma"] and tma_strides(q, k, v, o):
+        runtime.tma_scratch()                               # the descriptors the kernel makes live there
+        pack = tma_forward.tuning.gqa_pack(hq // hkv)
+        sink_tokens = sink_tokens if window > 0 else 0      # without a window every earlier key is seen
+        launch(tma_forward._tma_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
+            q, k, v, o, lse, sinks if sinks is not None else lse,
+            *q_strides[:3], *k_strides[:3], *_bhnd(v, bnhd)[1][:3], *_bhnd(o, bnhd)[1][:3],
+            b, hq, hq // hkv, nq, nk, window, sink_tokens, scale * s9.LOG2E,
+            CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SINK_TOKENS=sink_tokens > 0, HAS_SINKS=sinks is not None,
+            PACK=pack, HEAD_DIM_PAD=d, **tile)
+        return o, lse
+    if plan["tma"]:                                         # strides the TMA forward cannot read
+        tile = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)["forward"]
     launch(s9.flash_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, o, lse, sinks if sinks is not None else lse, lse,          # lse stands in for unused pointers
         *q_strides, *k_strides, *_bhnd(v, bnhd)[1], *_bhnd(o, bnhd)[1],
@@ -122,7 +138,9 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
 def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens: int, scale: float,
               launch=_direct, bnhd: bool = False, dsinks_wanted: bool = True):
     """``(dq, dk, dv, dsinks)``, each like its input; dsinks float32 (Hq,), None without sinks or
-    when not ``dsinks_wanted`` (its reduction is a launch of its own, skipped when nobody asks)."""
+    when not ``dsinks_wanted`` (its reduction is a launch of its own, skipped when nobody asks).
+    The TMA dK/dV and dQ kernels where the plan and the strides allow them, else stage 9's; the
+    first kernel (delta and dsinks) is stage 9's either way."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
@@ -140,8 +158,14 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
         BLOCK_M=pre_m, HEAD_DIM_PAD=pad, HAS_SINKS=sinks is not None)
     dsinks = dsinks_part.sum(dim=(0, 2)) if sinks is not None and dsinks_wanted else None
 
-    # 2. dK and dV: one program per (key block, batch x KV head).
     dq, dk, dv = _backward_outputs(q, k, v)
+    if plan["tma"] and tma_strides(q, k, v, do):
+        _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sink_tokens, scale, launch, bnhd)
+        return dq, dk, dv, dsinks
+    if plan["tma"]:                                         # strides the TMA kernels cannot read
+        plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)
+
+    # 2. dK and dV: one program per (key block, batch x KV head).
     tile = plan["dkdv"]
     launch(s9.bwd_dkdv_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
         q, k, v, do, dk, dv, lse, delta, delta,
@@ -155,3 +179,32 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
         *q_strides, *k_strides, *v_strides, *do_strides, *_bhnd(dq, bnhd)[1],
         hq, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
     return dq, dk, dv, dsinks
+
+
+def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sink_tokens, scale, launch, bnhd):
+    """The TMA dK/dV and dQ kernels (solutions/fast_backward_tma.py), writing dq, dk and dv."""
+    runtime.tma_scratch()
+    (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
+    (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
+    v_strides, do_strides = _bhnd(v, bnhd)[1][:3], _bhnd(do, bnhd)[1][:3]
+    q_strides, k_strides = q_strides[:3], k_strides[:3]
+    group, pack = hq // hkv, tma_forward.tuning.gqa_pack(hq // hkv)
+    sink_tokens = sink_tokens if window > 0 else 0
+    flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=d)
+    # The dK/dV kernel reads lse and delta through descriptors, whose rows must start on 16 bytes:
+    # when Nq is not a multiple of 4 both go into rows padded to one (lse itself is left as it is).
+    lse_rows, delta_rows = lse, delta
+    if nq % 4:
+        padded = torch.empty(2, b * hq, -(-nq // 4) * 4, device=q.device, dtype=torch.float32)[:, :, :nq]
+        padded[0].copy_(lse.reshape(b * hq, nq))
+        padded[1].copy_(delta.reshape(b * hq, nq))
+        lse_rows, delta_rows = padded[0], padded[1]
+    tile = plan["dkdv"]
+    launch(tma_backward._tma_dkdv_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
+        q, do, lse_rows, delta_rows, k, v, dk, dv, *q_strides, *do_strides, lse_rows.stride(-2),
+        *k_strides, *v_strides, *_bhnd(dk, bnhd)[1][:3], *_bhnd(dv, bnhd)[1][:3],
+        b, hq, hkv, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
+    tile = plan["dq"]
+    launch(tma_backward._tma_dq_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
+        k, v, q, do, dq, lse, delta, *k_strides, *v_strides, *q_strides, *do_strides, *_bhnd(dq, bnhd)[1][:3],
+        b, hq, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, PACK=pack, **flags, **tile)

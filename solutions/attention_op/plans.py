@@ -1,9 +1,18 @@
-"""Launch plans: the tiles of each kernel, one plan per (shape, dtype, options), made once, outside any tracing.
+"""Launch plans: which kernels, and the tiles of each, one plan per (shape, dtype, options), made
+once, outside any tracing.
+
+Two sets of kernels can serve a call: stage 9's, which take any head dim, dtype and strides, and
+the TMA kernels (solutions/fast_forward_tma.py, fast_backward_tma.py), faster on GPUs with a
+tensor memory accelerator (compute capability 9.0 and later) and limited to what a TMA descriptor
+can read: head dims that are powers of two, float16 or bfloat16, tensors whose last stride is 1
+and whose start and other strides fall on 16 bytes (``tma_strides``).  The plan says which set a
+shape may use; the strides are checked per call.
 
 The tile (BLOCK_M, BLOCK_N, warps, stages) of each kernel is chosen once per (shape, dtype,
-options): the table's first entry for short sequences, else stage 9's autotuner run once on random
-inputs of that shape, with every tracing mode switched off.  The plan is cached, so the compiler
-only ever meets a bare kernel with fixed meta-parameters, and eager calls skip the planning.
+options, set): the table's first entry for short sequences, else the set's autotuners run once
+on random inputs of that shape, with every tracing mode switched off.  The plan is cached, so the
+compiler only ever meets a bare kernel with fixed meta-parameters, and eager calls skip the
+planning.
 """
 
 from __future__ import annotations
@@ -15,6 +24,13 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 s9 = load_file(ROOT / "solutions" / "stage9_backward.py")     # the kernels, their tables and autotuners
+tma_forward = load_file(ROOT / "solutions" / "fast_forward_tma.py")
+tma_backward = load_file(ROOT / "solutions" / "fast_backward_tma.py")
+
+#: Which kernels a call may use: "auto" (the TMA kernels where the GPU, the head dim, the dtype and
+#: the strides allow, else stage 9's), "stage9" (stage 9's always), or "tma" (the TMA kernels
+#: wherever the head dim and strides allow, Triton's CPU interpreter included: for tests).
+KERNELS = "auto"
 
 _plans: dict[tuple, dict] = {}
 
@@ -38,45 +54,85 @@ def _tile(config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-def _tuned(key: tuple) -> dict:
-    """Run stage 9's autotuned forward and backward once on random inputs of this shape and
-    read off the tiles its autotuners chose.  Every dispatch mode (fake tensors, the tracer) is
-    switched off, so this runs real kernels even when called while ``torch.compile`` traces."""
+def _tuned(key: tuple, tma: bool) -> dict:
+    """Run the autotuned forward and backward (stage 9's, or the TMA kernels') once on random
+    inputs of this shape and read off the tiles their autotuners chose.  Every dispatch mode
+    (fake tensors, the tracer) is switched off, so this runs real kernels even when called while
+    ``torch.compile`` traces."""
     (b, hq, hkv, nq, nk, d), dtype, device, causal, window, sink_tokens, has_sinks = key
+    forward, backward = (tma_forward, tma_backward) if tma else (s9, s9)
     with _disable_current_modes(), torch.no_grad():
         gen = torch.Generator(device=device).manual_seed(0)
         q = torch.randn(b, hq, nq, d, device=device, dtype=dtype, generator=gen)
         k, v = (torch.randn(b, hkv, nk, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
         sinks = torch.zeros(hq, device=device) if has_sinks else None
         opts = dict(causal=causal, window=window or None, sink_tokens=sink_tokens, sinks=sinks)
-        o, lse = s9.flash_attention(q, k, v, **opts)
-        s9.flash_attention_backward(q, k, v, o, lse, torch.randn_like(o), **opts)
+        o, lse = forward.flash_attention(q, k, v, **opts)
+        backward.flash_attention_backward(q, k, v, o, lse, torch.randn_like(o), **opts)
         torch.cuda.synchronize(device)
-        return {"forward": _tile(s9.flash_forward_kernel.best_config),
-                "dkdv": _tile(s9.bwd_dkdv_kernel.best_config),
-                "dq": _tile(s9.bwd_dq_kernel.best_config)}
+    if tma:
+        return {"tma": True, "forward": _tile(tma_forward._tma_forward_kernel.best_config),
+                "dkdv": _tile(tma_backward._tma_dkdv_kernel.best_config),
+                "dq": _tile(tma_backward._tma_dq_kernel.best_config)}
+    return {"tma": False, "forward": _tile(s9.flash_forward_kernel.best_config),
+            "dkdv": _tile(s9.bwd_dkdv_kernel.best_config), "dq": _tile(s9.bwd_dq_kernel.best_config)}
+
+
+def _tma_shape(d: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the TMA kernels may serve this head dim, dtype and device (see ``KERNELS``)."""
+    if KERNELS == "stage9" or d & (d - 1) or d < 16:
+        return False
+    if KERNELS == "tma":
+        return True
+    return (runtime.ON_GPU and dtype in (torch.float16, torch.bfloat16) and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torch.dtype, device: torch.device,
-                causal: bool, window: int, sink_tokens: int, has_sinks: bool) -> dict:
-    """The tiles of the forward, dK/dV and dQ kernels for one shape, cached.
+                causal: bool, window: int, sink_tokens: int, has_sinks: bool, tma: bool = True) -> dict:
+    """Which kernels serve this shape (``"tma"``: True for the TMA kernels, when the strides
+    allow) and the tiles of their forward, dK/dV and dQ kernels, cached.  ``tma=False`` asks for
+    stage 9's plan, for a call whose strides the TMA kernels cannot read.
 
     Short sequences take each table's first entry (the interpreter's tile on the CPU), as
-    stage 9 does; from ``tuning.TUNE_FROM`` (query, key) pairs on a GPU, what stage 9's
-    autotuner picks for this shape, timed once.
+    stage 9 does; from ``tuning.TUNE_FROM`` (query, key) pairs on a GPU, what the autotuners
+    pick for this shape, timed once.
     """
     key = ((b, hq, hkv, nq, nk, d), dtype, device, causal, window, sink_tokens, has_sinks)
-    plan = _plans.get(key)
+    plan = _plans.get((key, KERNELS, tma))
     if plan is None:
+        use_tma = tma and _tma_shape(d, dtype, device)
         pad = _pow2(d)
         if runtime.ON_GPU and nq * nk >= tuning.TUNE_FROM:
-            plan = _tuned(key)
+            plan = _tuned(key, use_tma)
+        elif use_tma:
+            plan = {"tma": True,
+                    "forward": _tile(tuning.first_entry(tma_forward.TMA_TILES, pad, tma_forward.INTERPRETER_TILE)),
+                    "dkdv": _tile(tuning.first_entry(tma_backward.DKDV_TILES, pad,
+                                                     tma_backward.DKDV_INTERPRETER_TILE)),
+                    "dq": _tile(tuning.first_entry(tma_backward.DQ_TILES, pad, tma_backward.DQ_INTERPRETER_TILE))}
         else:
-            plan = {"forward": _tile(tuning.first_entry(tuning.FORWARD_TILES, pad, tuning.FORWARD_INTERPRETER_TILE)),
+            plan = {"tma": False,
+                    "forward": _tile(tuning.first_entry(tuning.FORWARD_TILES, pad, tuning.FORWARD_INTERPRETER_TILE)),
                     "dkdv": _tile(tuning.first_entry(s9.DKDV_TILES, pad, s9.DKDV_INTERPRETER_TILE)),
                     "dq": _tile(tuning.first_entry(s9.DQ_TILES, pad, s9.DQ_INTERPRETER_TILE))}
-        _plans[key] = plan
+        _plans[(key, KERNELS, tma)] = plan
     return plan
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """Whether ``t`` starts on 16 bytes.  A traced tensor has no address: Inductor copies a graph
+    input that starts elsewhere before running kernels compiled for aligned ones."""
+    try:
+        return t.data_ptr() % 16 == 0
+    except (RuntimeError, NotImplementedError):
+        return True
+
+
+def tma_strides(*tensors) -> bool:
+    """Whether a TMA descriptor can read each tensor where it lies (``tma_compatible`` of the TMA
+    forward's file, with a traced tensor taken as aligned: see ``_aligned``)."""
+    return all(tma_forward.tma_strides(t) and _aligned(t) for t in tensors)
 
 
 def _bhnd(t: torch.Tensor, bnhd: bool) -> tuple:
@@ -91,7 +147,8 @@ def _bhnd(t: torch.Tensor, bnhd: bool) -> tuple:
 
 
 def _plan_for(q: torch.Tensor, k: torch.Tensor, causal: bool, window: int, sink_tokens: int,
-              has_sinks: bool, bnhd: bool = False) -> dict:
+              has_sinks: bool, bnhd: bool = False, tma: bool = True) -> dict:
+    """The launch plan of a call (its ``"tma"`` says whether the shape allows the TMA kernels)."""
     b, hq, nq, d = (int(x) for x in _bhnd(q, bnhd)[0])        # int(): a symbolic size specializes here
     hkv, nk = (int(x) for x in _bhnd(k, bnhd)[0][1:3])
-    return launch_plan(b, hq, hkv, nq, nk, d, q.dtype, q.device, causal, window, sink_tokens, has_sinks)
+    return launch_plan(b, hq, hkv, nq, nk, d, q.dtype, q.device, causal, window, sink_tokens, has_sinks, tma)

@@ -5,10 +5,11 @@
 ``torch.compile`` learns which tensors a kernel launched through ``wrap_triton`` writes by reading
 the kernel's Triton IR (``torch._higher_order_ops.triton_kernel_wrap``).  A tensor it wrongly takes
 for written is cloned before the kernel and copied back after it, and CUDA graphs are skipped when
-that tensor is a graph input.  This asks the same analysis about solutions/attention_op's four
-kernels, on the CPU: Triton builds the IR for a named GPU with a stand-in driver.  It must run in a
-process of its own: kernels.runtime turns on Triton's interpreter without a GPU, and here the
-kernels must stay real ``@triton.jit`` functions, as tests/tools/compile_targets.py arranges.
+that tensor is a graph input.  This asks the same analysis about every kernel solutions/attention_op
+launches (stage 9's and the TMA kernels), on the CPU: Triton builds the IR for a named GPU with a
+stand-in driver.  It must run in a process of its own: kernels.runtime turns on Triton's
+interpreter without a GPU, and here the kernels must stay real ``@triton.jit`` functions, as
+tests/tools/compile_targets.py arranges.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ ROOT = compile_targets.ROOT
 def writes(kernel, tensors: dict, scalars: dict) -> list[str]:
     """The arguments the analysis takes ``kernel`` to write, by name."""
     from torch._higher_order_ops import triton_kernel_wrap as wrap
-    kwargs = {**tensors, **scalars}
+    kwargs = {name: x for name, x in {**tensors, **scalars}.items() if name in kernel.arg_names}
     for name in kernel.arg_names:                     # the strides, in the kernel's order: 1s will do
         kwargs.setdefault(name, 1)
     if hasattr(wrap, "identify_accessed_tensors"):                   # torch 2.12 and later
@@ -58,6 +59,29 @@ def main(solutions: Path) -> dict:
                        dict(shape, H_Q=hq, H_KV=hkv, GROUP=hq // hkv, sm_scale=0.125, qk_scale=0.18)),
         "dq": writes(s9.bwd_dq_kernel.fn, dict(Q=q, K=k, V=v, DO=do, DQ=dq, LSE=lse, DELTA=delta, VISITS=delta),
                      dict(shape, H_Q=hq, GROUP=hq // hkv, sm_scale=0.125, qk_scale=0.18)),
+        **tma_writes(solutions, q, k, v, o, lse, sinks, do, dq, dk, dv, delta),
+    }
+
+
+def tma_writes(solutions: Path, q, k, v, o, lse, sinks, do, dq, dk, dv, delta) -> dict:
+    """The same for the TMA kernels, which make their descriptors from the tensors they are given."""
+    from kernels.loader import load_file
+    fwd, bwd = load_file(solutions / "fast_forward_tma.py"), load_file(solutions / "fast_backward_tma.py")
+    b, hq, n, d = q.shape
+    hkv = k.shape[1]
+    sizes = dict(B=b, H_Q=hq, GROUP=hq // hkv, N_Q=n, N_K=n, WINDOW=64, SINK_TOKENS=0, CAUSAL=True, HAS_WINDOW=True,
+                 HEAD_DIM_PAD=d, BLOCK_M=64, BLOCK_N=64, sm_scale=0.125, qk_scale=0.18)
+
+    def strides(kernel) -> dict:                      # every stride a multiple of 16 bytes, as a descriptor needs
+        return {name: 64 for name in kernel.fn.arg_names if name.startswith("stride_") or name == "STAT_STRIDE"}
+    return {
+        "tma_forward": writes(fwd._tma_forward_kernel.fn, dict(Q=q, K=k, V=v, O=o, LSE=lse, SINKS=sinks),
+                              dict(sizes, **strides(fwd._tma_forward_kernel), HAS_SINK_TOKENS=False, HAS_SINKS=True,
+                                   PACK=4)),
+        "tma_dkdv": writes(bwd._tma_dkdv_kernel.fn, dict(Q=q, DO=do, LSE=lse, DELTA=delta, K=k, V=v, DK=dk, DV=dv),
+                           dict(sizes, **strides(bwd._tma_dkdv_kernel), H_KV=hkv)),
+        "tma_dq": writes(bwd._tma_dq_kernel.fn, dict(K=k, V=v, Q=q, DO=do, DQ=dq, LSE=lse, DELTA=delta),
+                         dict(sizes, **strides(bwd._tma_dq_kernel), PACK=4)),
     }
 
 
