@@ -140,6 +140,8 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
 
 @pytest.mark.parametrize("name, attention", [
     ("_flash_forward_kernel", True), ("_bwd_dkdv_kernel_1", True), ("_bwd_preprocess_kernel", True),
+    ("_tma_forward_kernel", True), ("_tma_dkdv_kernel", True), ("_tma_dq_kernel", True),
+    ("triton_tem_fused_mm_persistent_tma_0", False),
     ("triton_tem_fused__to_copy_flex_attention_backward_mul_sigmoid_0", True),
     ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<64>>", True),
     ("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0", True),

@@ -263,13 +263,15 @@ def run_one(size: Size, provider: str, *, warmup: int, steps: int) -> dict:
 
 
 PACE_STEPS = 3                   # steps of each kind that _what_paces times (on the first timed steps' batches again)
-ATTENTION_KERNELS = ("flash", "_bwd_", "flex_attention", "attention", "sdpa")     # in a GPU kernel's name
+ATTENTION_KERNELS = ("flash", "_bwd_", "_tma_forward", "_tma_dkdv", "_tma_dq", "flex_attention", "attention",
+                     "sdpa")     # in a GPU kernel's name
 
 
 def is_attention_kernel(name: str) -> bool:
-    """Whether a GPU kernel of a step is attention's: the workbook's (stage 9's forward and backward),
-    FlexAttention's generated ones, SDPA's FlashAttention kernels and cuDNN's fused attention
-    (``cudnn_generated_fort_native_sdpa_...``) all carry one of these words."""
+    """Whether a GPU kernel of a step is attention's: the workbook's (stage 9's forward and backward,
+    the TMA kernels the op runs on Hopper), FlexAttention's generated ones, SDPA's FlashAttention
+    kernels and cuDNN's fused attention (``cudnn_generated_fort_native_sdpa_...``) all carry one of
+    these words."""
     return any(word in name for word in ATTENTION_KERNELS)
 
 
