@@ -341,7 +341,22 @@ def test_readme_speed_ratios_are_the_committed_bench_s():
     def span(values):
         return f"{min(values):.2f}-{max(values):.2f}x"
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"run {span(ratios['sdpa-flash'])} SDPA's FlashAttention-2 backend" in readme
+    assert f"run {span(ratios['sdpa-flash'])} SDPA's FlashAttention-2" in readme
     assert f"and {span(ratios['flex'])} FlexAttention" in readme
     assert (f"{span(ratios[('sdpa-cudnn', 'fwd')])} its forward and {span(ratios[('sdpa-cudnn', 'bwd')])} "
             "its backward") in readme
+
+
+def test_readme_op_ratios_are_the_committed_probe_s():
+    """README's line on the op against cuDNN is the range docs/hopper-probe-op-kernels-h200.json holds for
+    provider ``op`` against ``cudnn`` in the same run, forward and backward."""
+    rows = json.loads((ROOT / "docs" / "hopper-probe-op-kernels-h200.json").read_text())["rows"]
+    ratios: dict = {"fwd": [], "bwd": []}
+    for case in {r["case"] for r in rows}:
+        of = {r["provider"]: r for r in rows if r["case"] == case}
+        if "cudnn" in of and of["cudnn"]["fwd_ms"]:
+            for kind in ratios:
+                ratios[kind].append(of["cudnn"][f"{kind}_ms"] / of["op"][f"{kind}_ms"])
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    fwd, bwd = (f"{min(v):.2f}-{max(v):.2f}x" for v in ratios.values())
+    assert f"{fwd} cuDNN forward, {bwd} backward on an H200" in readme
