@@ -231,6 +231,10 @@ def test_which_kernels_a_call_takes(op, monkeypatch):
     q, k, v = _qkv(1, 4, 2, 24, 24, 16, layout="bnhd", grad=True)
     assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
         "_tma_forward_kernel", "_bwd_preprocess_kernel", "_tma_dkdv_kernel", "_tma_dq_kernel"]
+    monkeypatch.setattr(op.plans, "KERNELS", "stage9")           # the same call, the choice kept per setting
+    assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
+        "_flash_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+    monkeypatch.setattr(op.plans, "KERNELS", "tma")
     forward_only = kernels_of(q, k, v, torch.ones(1, device=DEVICE, dtype=q.dtype).expand(q.shape),
                               is_causal=True, enable_gqa=True, layout="bnhd")     # do with stride 0: .sum()'s
     assert forward_only == ["_tma_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]

@@ -36,7 +36,7 @@ class _EagerAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, sinks, causal, window, sink_tokens, scale, bnhd):
         options = (causal, window, sink_tokens, scale)
         key = (_call_key(q, k, v, sinks), options, bnhd)
-        o, lse = _forward(q, k, v, sinks, *options, launch=_launcher(key), bnhd=bnhd)
+        o, lse = _forward(q, k, v, sinks, *options, launch=_launcher(key), bnhd=bnhd, key=key)
         ctx.save_for_backward(q, k, v, o, lse, sinks)
         ctx.options, ctx.key, ctx.bnhd = options, key, bnhd
         return o
@@ -46,7 +46,7 @@ class _EagerAttention(torch.autograd.Function):
         q, k, v, o, lse, sinks = ctx.saved_tensors
         key = (ctx.key, _call_key(do))
         dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, *ctx.options, launch=_launcher(key),
-                                       bnhd=ctx.bnhd, dsinks_wanted=ctx.needs_input_grad[3])
+                                       bnhd=ctx.bnhd, dsinks_wanted=ctx.needs_input_grad[3], key=key)
         return dq, dk, dv, dsinks, None, None, None, None, None
 
 
@@ -178,7 +178,7 @@ def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, e
             return _EagerAttention.apply(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg, bnhd)
         options = (is_causal, window_arg, sink_tokens, scale_arg)     # nothing to differentiate: no autograd node
         key = (_call_key(q, k, v, sinks), options, bnhd)
-        return _forward(q, k, v, sinks, *options, launch=_launcher(key), bnhd=bnhd)[0]
+        return _forward(q, k, v, sinks, *options, launch=_launcher(key), bnhd=bnhd, key=key)[0]
     if bnhd:                                            # compiling, fake tensors, a dispatch mode: the op
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, H, N, D) views
     o, _ = attention_forward(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg)

@@ -14,6 +14,7 @@ from kernels import runtime
 import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 
+from . import plans
 from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9, tma_backward, tma_forward, tma_strides
 
 # =============================================================================================
@@ -101,19 +102,42 @@ def _launcher(key: tuple):
 # The forward and the backward.
 # =============================================================================================
 
+_chosen: dict[tuple, tuple[dict, bool]] = {}
+
+
+def _choose(q, k, v, other, sinks, causal: bool, window: int, sink_tokens: int, bnhd: bool,
+            key: tuple | None) -> tuple[dict, bool]:
+    """``(plan, tma)``: the call's launch plan, and whether its TMA kernels can read q, k, v and
+    ``other`` (the backward's dO; the forward's q again, whose o is allocated like it) where they
+    lie; if not, stage 9's plan.  An eager call passes its call key, which holds everything this
+    depends on but ``plans.KERNELS`` (shapes, strides, alignment, options), and the answer is
+    kept under both."""
+    key = (key, plans.KERNELS) if key is not None else None
+    chosen = _chosen.get(key) if key is not None else None
+    if chosen is None:
+        plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
+        tma = plan["tma"] and tma_strides(q, k, v, other)
+        if plan["tma"] and not tma:
+            plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)
+        chosen = (plan, tma)
+        if key is not None:
+            _chosen[key] = chosen
+    return chosen
+
+
 def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale: float, launch=_direct,
-             bnhd: bool = False):
+             bnhd: bool = False, key: tuple | None = None):
     """``(o, lse)``: o like q (same strides, so a (B, N, H, D) q gives a (B, N, H, D) o), lse
     (B, Hq, Nq) float32.  ``launch(kernel)`` is ``wrap_triton`` inside the op, so that
     torch.compile sees the kernel, and the kernel itself in eager mode.  Tensors are (B, H, N, D),
     or (B, N, H, D) with ``bnhd``.  The TMA forward where the plan and the strides allow it,
-    else stage 9's."""
+    else stage 9's; ``key``, an eager call's, keeps that choice (``_choose``)."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
-    plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
+    plan, tma = _choose(q, k, v, q, sinks, causal, window, sink_tokens, bnhd, key)
     tile = plan["forward"]
     o, lse = _forward_outputs(q, bnhd)
-    if plan["tma"] and tma_strides(q, k, v, o):
+    if tma:
         runtime.tma_scratch()                               # the descriptors the kernel makes live there
         pack = tma_forward.tuning.gqa_pack(hq // hkv)
         sink_tokens = sink_tokens if window > 0 else 0      # without a window every earlier key is seen
@@ -124,8 +148,6 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
             CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SINK_TOKENS=sink_tokens > 0, HAS_SINKS=sinks is not None,
             PACK=pack, HEAD_DIM_PAD=d, **tile)
         return o, lse
-    if plan["tma"]:                                         # strides the TMA forward cannot read
-        tile = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)["forward"]
     launch(s9.flash_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, o, lse, sinks if sinks is not None else lse, lse,          # lse stands in for unused pointers
         *q_strides, *k_strides, *_bhnd(v, bnhd)[1], *_bhnd(o, bnhd)[1],
@@ -136,7 +158,7 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
 
 
 def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens: int, scale: float,
-              launch=_direct, bnhd: bool = False, dsinks_wanted: bool = True):
+              launch=_direct, bnhd: bool = False, dsinks_wanted: bool = True, key: tuple | None = None):
     """``(dq, dk, dv, dsinks)``, each like its input; dsinks float32 (Hq,), None without sinks or
     when not ``dsinks_wanted`` (its reduction is a launch of its own, skipped when nobody asks).
     The TMA dK/dV and dQ kernels where the plan and the strides allow them, else stage 9's; the
@@ -144,7 +166,7 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
-    plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
+    plan, tma = _choose(q, k, v, do, sinks, causal, window, sink_tokens, bnhd, key)
     pad = _pow2(d)
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=pad, COUNT_VISITS=False)
 
@@ -159,11 +181,9 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     dsinks = dsinks_part.sum(dim=(0, 2)) if sinks is not None and dsinks_wanted else None
 
     dq, dk, dv = _backward_outputs(q, k, v)
-    if plan["tma"] and tma_strides(q, k, v, do):
+    if tma:
         _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sink_tokens, scale, launch, bnhd)
         return dq, dk, dv, dsinks
-    if plan["tma"]:                                         # strides the TMA kernels cannot read
-        plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)
 
     # 2. dK and dV: one program per (key block, batch x KV head).
     tile = plan["dkdv"]
