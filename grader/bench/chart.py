@@ -6,7 +6,7 @@ from grader.bench.tables import cell
 
 _COLORS = {"solution": "#d62728", "sdpa-flash": "#1f77b4", "sdpa-cudnn": "#17becf", "flex": "#2ca02c",
            "stage3-triton": "#ff7f0e", "solution-tma": "#9467bd",
-           "solution-wgmma": "#8c564b"}
+           "solution-wgmma": "#8c564b", "op": "#e377c2"}
 
 
 def plot(rows: list[dict], path, *, title: str | None = None) -> None:
