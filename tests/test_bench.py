@@ -348,15 +348,18 @@ def test_readme_speed_ratios_are_the_committed_bench_s():
 
 
 def test_readme_op_ratios_are_the_committed_probe_s():
-    """README's line on the op against cuDNN is the range docs/hopper-probe-op-kernels-h200.json holds for
-    provider ``op`` against ``cudnn`` in the same run, forward and backward."""
+    """README's line on the op is the range docs/hopper-probe-op-kernels-h200.json holds for provider
+    ``op`` against ``cudnn`` and ``flex`` timed in the same run, forward and backward."""
     rows = json.loads((ROOT / "docs" / "hopper-probe-op-kernels-h200.json").read_text())["rows"]
-    ratios: dict = {"fwd": [], "bwd": []}
-    for case in {r["case"] for r in rows}:
-        of = {r["provider"]: r for r in rows if r["case"] == case}
-        if "cudnn" in of and of["cudnn"]["fwd_ms"]:
-            for kind in ratios:
-                ratios[kind].append(of["cudnn"][f"{kind}_ms"] / of["op"][f"{kind}_ms"])
+    by_run: dict = {}
+    for r in rows:
+        by_run.setdefault((r["run"], r["case"]), {})[r["provider"]] = r
     readme = " ".join((ROOT / "README.md").read_text().split())
-    fwd, bwd = (f"{min(v):.2f}-{max(v):.2f}x" for v in ratios.values())
-    assert f"{fwd} cuDNN forward, {bwd} backward on an H200" in readme
+    for other, words in (("cudnn", "cuDNN"), ("flex", "FlexAttention")):
+        ratios: dict = {"fwd": [], "bwd": []}
+        for of in by_run.values():
+            if other in of and "op" in of and of[other]["fwd_ms"]:
+                for kind in ratios:
+                    ratios[kind].append(of[other][f"{kind}_ms"] / of["op"][f"{kind}_ms"])
+        fwd, bwd = (f"{min(v):.2f}-{max(v):.2f}x" for v in ratios.values())
+        assert f"{fwd.removesuffix('x')}x/{bwd} {words}" in readme, (other, fwd, bwd)

@@ -2,6 +2,7 @@
 providers timed in the same run on the same inputs (bf16).
 
     python grader/bench/probes/op_kernels.py [--json PATH] [--old DIR [--old-name NAME]] [--cases 0,1]
+                                             [--providers op,flex,cudnn] [--run NAME]
 
 Providers:
 
@@ -15,6 +16,11 @@ Providers:
     op-stage9       the op with stage 9's kernels (``plans.KERNELS = "stage9"``)
     cudnn, fa2      SDPA's cuDNN and FlashAttention-2 backends (no window, no sinks: for the
                     gpt-oss cases they compute full causal attention without sinks, a floor)
+    flex            FlexAttention compiled, with the case's mask and learned sinks through its lse
+                    (grader/bench/providers.py's ``flex``)
+
+``--providers`` times only those; ``--run`` labels the rows, and ``--json`` adds them to the rows
+an existing file holds (the file's runs stay apart by label).
 
 The forward is timed under ``no_grad``; the backward is the kernels' backward given o and lse, or
 ``torch.autograd.grad`` of the forward's output for the op and SDPA.  ms are
@@ -58,7 +64,10 @@ def main() -> int:
     parser.add_argument("--old", default=None)
     parser.add_argument("--old-name", default="old")
     parser.add_argument("--cases", default=None, help="indices into CASES, comma-separated")
+    parser.add_argument("--providers", default="tma,old,op,op-bnhd,op-stage9,cudnn,fa2,flex")
+    parser.add_argument("--run", default="run")
     args = parser.parse_args()
+    wanted = set(args.providers.split(","))
     tma_f = load_file(ROOT / "solutions" / "fast_forward_tma.py")
     tma_b = load_file(ROOT / "solutions" / "fast_backward_tma.py")
     old = None
@@ -66,13 +75,18 @@ def main() -> int:
         old = (load_file(Path(args.old) / "fast_forward_tma.py"), load_file(Path(args.old) / "fast_backward_tma.py"))
     op = load_package(ROOT / "solutions" / "attention_op")
     doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, rows=[])
+    if Path(args.json).exists():
+        earlier = json.loads(Path(args.json).read_text())
+        assert (earlier["gpu"], earlier["torch"], earlier["triton"]) == (doc["gpu"], doc["torch"], doc["triton"]), \
+            "the file holds another machine's or version's runs"
+        doc = earlier
     print(doc["gpu"], doc["torch"], "triton", doc["triton"], flush=True)
 
     def bench(fn):
         return do_bench(fn, warmup=20, rep=80, return_mode="median")
 
     def record(case, provider, fwd_ms, bwd_ms, note=""):
-        row = dict(case=case["name"], provider=provider, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
+        row = dict(run=args.run, case=case["name"], provider=provider, fwd_ms=fwd_ms, bwd_ms=bwd_ms,
                    fwd_tflops=round(flops(case, False) / fwd_ms / 1e9, 1) if fwd_ms else None,
                    bwd_tflops=round(flops(case, True) / bwd_ms / 1e9, 1) if bwd_ms else None, note=note)
         doc["rows"].append(row)
@@ -91,7 +105,8 @@ def main() -> int:
         sinks = torch.randn(case["hq"], device="cuda") if case["sinks"] else None
         opts = dict(causal=case["causal"], window=case["window"], sinks=sinks)
         reference_o = None
-        kernel_sets = [("tma", tma_f, tma_b)] + ([(args.old_name, *old)] if old else [])
+        kernel_sets = [("tma", tma_f, tma_b)] if "tma" in wanted else []
+        kernel_sets += [(args.old_name, *old)] if old and "old" in wanted else []
         for name, fwd, bwd in kernel_sets:
             try:
                 o, lse = fwd.flash_attention(q, k, v, **opts)
@@ -105,6 +120,8 @@ def main() -> int:
                 record(case, name, None, None, f"failed: {type(e).__name__}: {str(e)[:300]}")
         for name, layout, kernels in (("op", "bhnd", "auto"), ("op-bnhd", "bnhd", "auto"),
                                       ("op-stage9", "bhnd", "stage9")):
+            if name not in wanted:
+                continue
             op.plans.KERNELS = kernels
             try:
                 if layout == "bnhd":
@@ -132,6 +149,8 @@ def main() -> int:
                 op.plans.KERNELS = "auto"
         if case["window"] is None:
             for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+                if name not in wanted:
+                    continue
                 qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
 
                 def sdpa(backend=backend, qq=qq, kk=kk, vv=vv):
@@ -146,11 +165,13 @@ def main() -> int:
                     record(case, name, f_ms, b_ms, "no sinks: full causal attention" if case["sinks"] else "")
                 except Exception as e:
                     record(case, name, None, None, f"failed: {type(e).__name__}: {str(e)[:300]}")
+        if "flex" in wanted:
+            _flex(case, q, k, v, sinks, do, bench, record)
         print(f"  ({time.time() - start:.0f} s)", flush=True)
 
     print("\n| case | provider | fwd TFLOP/s | bwd TFLOP/s | fwd vs cuDNN | bwd vs cuDNN |")
     for case in chosen:
-        rows = [r for r in doc["rows"] if r["case"] == case["name"]]
+        rows = [r for r in doc["rows"] if r["case"] == case["name"] and r.get("run") == args.run]
         cudnn = next((r for r in rows if r["provider"] == "cudnn" and r["fwd_ms"]), None)
         for r in rows:
             if not r["fwd_ms"]:
@@ -159,6 +180,26 @@ def main() -> int:
             vs_b = f"{cudnn['bwd_ms'] / r['bwd_ms']:.2f}x" if cudnn and r["bwd_ms"] else "-"
             print(f"| {case['name']} | {r['provider']} | {r['fwd_tflops']} | {r['bwd_tflops']} | {vs_f} | {vs_b} |")
     return 0
+
+
+def _flex(case, q, k, v, sinks, do, bench, record):
+    """FlexAttention, compiled, on the same inputs: the bench's provider, forward and backward."""
+    from grader.bench.cases import Case, Inputs
+    from grader.bench.providers import Flex
+    shape = dict(batch=case["b"], heads=case["hq"], kv_heads=case["hkv"], n_q=case["n"], n_k=case["n"],
+                 head_dim=case["d"], causal=case["causal"], window=case["window"], sinks=case["sinks"])
+    try:
+        flex = Flex()
+        x = Inputs(q, k, v, sinks, do)
+        attend = flex.attend(Case(**shape), x)
+        attend(q, k, v, sinks)                                  # compiles
+        with torch.no_grad():
+            f_ms = bench(lambda: attend(q, k, v, sinks))
+        grads, _ = flex.backward(Case(**shape, backward=True), x)
+        grads()
+        record(case, "flex", f_ms, bench(grads))
+    except Exception as e:
+        record(case, "flex", None, None, f"failed: {type(e).__name__}: {str(e)[:300]}")
 
 
 if __name__ == "__main__":
