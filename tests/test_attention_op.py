@@ -480,3 +480,17 @@ def test_the_bench_times_the_op_after_checking_it():
     learner = measure.run("stage9", source="stages", cases=[Case(**small)], providers=["op"], device=DEVICE,
                           timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
     assert learner[0]["note"] == "n/a: the op is an instructor's package, solutions/attention_op"
+
+
+@pytest.mark.parametrize("capability, tma", [((9, 0), True), ((8, 0), False), ((8, 9), False), ((12, 0), False),
+                                             ((10, 0), False)])
+def test_the_tma_kernels_are_planned_for_hopper_only(op, monkeypatch, capability, tma):
+    """Their tile tables were compiled and timed for sm_90; every other GPU keeps stage 9's kernels, as do
+    float32, head dims that are not powers of two, and plans.KERNELS = "stage9"."""
+    monkeypatch.setattr(op.plans.runtime, "ON_GPU", True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda = torch.device("cuda")
+    assert op.plans._tma_shape(64, torch.bfloat16, cuda) is tma
+    assert not op.plans._tma_shape(64, torch.float32, cuda) and not op.plans._tma_shape(80, torch.bfloat16, cuda)
+    monkeypatch.setattr(op.plans, "KERNELS", "stage9")
+    assert not op.plans._tma_shape(64, torch.bfloat16, cuda)

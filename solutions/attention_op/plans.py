@@ -2,10 +2,11 @@
 once, outside any tracing.
 
 Two sets of kernels can serve a call: stage 9's, which take any head dim, dtype and strides, and
-the TMA kernels (solutions/fast_forward_tma.py, fast_backward_tma.py), faster on GPUs with a
-tensor memory accelerator (compute capability 9.0 and later) and limited to what a TMA descriptor
-can read: head dims that are powers of two, float16 or bfloat16, tensors whose last stride is 1
-and whose start and other strides fall on 16 bytes (``tma_strides``).  The plan says which set a
+the TMA kernels (solutions/fast_forward_tma.py, fast_backward_tma.py), faster on Hopper GPUs
+(compute capability 9: H100, H200, the GPUs their tile tables were compiled and timed for; later
+GPUs keep stage 9's) and limited to what a TMA descriptor can read: head dims that are powers of
+two, float16 or bfloat16, tensors whose last stride is 1 and whose start and other strides fall
+on 16 bytes (``tma_strides``).  The plan says which set a
 shape may use; the strides are checked per call.
 
 The tile (BLOCK_M, BLOCK_N, warps, stages) of each kernel is chosen once per (shape, dtype,
@@ -85,7 +86,7 @@ def _tma_shape(d: int, dtype: torch.dtype, device: torch.device) -> bool:
     if KERNELS == "tma":
         return True
     return (runtime.ON_GPU and dtype in (torch.float16, torch.bfloat16) and device.type == "cuda"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+            and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torch.dtype, device: torch.device,
