@@ -246,6 +246,29 @@ def test_which_kernels_a_call_takes(op, monkeypatch):
         "_flash_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
 
 
+def test_an_lse_off_16_bytes_goes_to_stage_9s_backward(op, monkeypatch):
+    """The TMA dK/dV kernel reads lse through a descriptor; the backward op called with an lse sliced
+    off 16 bytes runs stage 9's kernels instead, with the same gradients."""
+    monkeypatch.setattr(op.plans, "KERNELS", "tma")
+    q, k, v = _qkv(1, 4, 2, 24, 24, 16, seed=4)
+    o, lse = op.launch._forward(q, k, v, None, True, 0, 0, 0.25)
+    shifted = torch.empty(lse.numel() + 1, device=DEVICE)[1:].view(lse.shape)
+    shifted.copy_(lse)
+    do = torch.randn_like(q)
+    seen = []
+
+    def spy(kernel):
+        seen.append(kernel.__name__)
+        return kernel
+    aligned = op.launch._backward(q, k, v, o, lse, do, None, True, 0, 0, 0.25, launch=spy)
+    assert seen[-2:] == ["_tma_dkdv_kernel", "_tma_dq_kernel"]
+    off = op.launch._backward(q, k, v, o, shifted, do, None, True, 0, 0, 0.25, launch=spy)
+    assert seen[-2:] == ["_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+    tol = 1e-4 if DTYPE == torch.float32 else 3e-2                # two kernels' roundings in bfloat16
+    for name, a, b in zip(("dq", "dk", "dv"), aligned[:3], off[:3]):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol, msg=lambda m: f"{name}: {m}")
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: opcheck, torch.compile, CUDA graphs.
 # ---------------------------------------------------------------------------------------------

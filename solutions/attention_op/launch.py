@@ -167,6 +167,8 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
     plan, tma = _choose(q, k, v, do, sinks, causal, window, sink_tokens, bnhd, key)
+    if tma and not plans._aligned(lse):                     # a caller's slice: the descriptor needs 16 bytes
+        plan, tma = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False), False
     pad = _pow2(d)
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=pad, COUNT_VISITS=False)
 
