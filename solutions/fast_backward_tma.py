@@ -263,7 +263,7 @@ def _stat_rows(x: torch.Tensor, rows: int, n: int) -> torch.Tensor:
     are copied into a buffer padded to a multiple of 4; the descriptor's shape stays (rows, n),
     so the padding is never read.
     """
-    if n % 4 == 0 and x.data_ptr() % 16 == 0:
+    if n % 4 == 0 and _forward.starts_on_16_bytes(x):
         return x.view(rows, n)
     padded = x.new_empty(rows, (n + 3) // 4 * 4)[:, :n]
     padded.copy_(x.view(rows, n))
@@ -296,7 +296,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
     group = Hq // Hkv
     pack = tuning.gqa_pack(group)                           # 1, 2, 4 or 8: a block_m (>= 16) holds whole groups
-    q, k, v, o, do = (_forward.tma_ready(x) for x in (q, k, v, o, do))
+    q, k, v, do = (_forward.tma_ready(x) for x in (q, k, v, do))   # o: only the preprocess reads it, by strides
     lse = lse.contiguous()                       # stage 9's preprocess indexes it as (B * Hq * Nq)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     has_window = window is not None

@@ -230,10 +230,20 @@ def tma_strides(x: torch.Tensor) -> bool:
     return strides[-1] == 1 and all(s > 0 and s * size % 16 == 0 for s in strides[:-1])
 
 
+def starts_on_16_bytes(x: torch.Tensor) -> bool:
+    """Whether ``x`` starts on 16 bytes, as a TMA descriptor's base must.  A tensor traced by
+    ``torch.compile`` has no address: it is taken as aligned, since Inductor copies a graph input
+    that starts elsewhere before running kernels compiled for aligned ones."""
+    try:
+        return x.data_ptr() % 16 == 0
+    except (RuntimeError, NotImplementedError):
+        return True
+
+
 def tma_compatible(x: torch.Tensor) -> bool:
     """Whether a TMA descriptor can read ``x`` where it lies: its strides (``tma_strides``) and
     a start on 16 bytes."""
-    return tma_strides(x) and x.data_ptr() % 16 == 0
+    return tma_strides(x) and starts_on_16_bytes(x)
 
 
 def tma_ready(x: torch.Tensor) -> torch.Tensor:

@@ -246,27 +246,36 @@ def test_which_kernels_a_call_takes(op, monkeypatch):
         "_flash_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
 
 
-def test_an_lse_off_16_bytes_goes_to_stage_9s_backward(op, monkeypatch):
-    """The TMA dK/dV kernel reads lse through a descriptor; the backward op called with an lse sliced
-    off 16 bytes runs stage 9's kernels instead, with the same gradients."""
+def test_an_lse_off_16_bytes_reaches_the_tma_backward_in_aligned_rows(op, monkeypatch):
+    """The TMA dK/dV kernel reads lse through a descriptor, whose base must start on 16 bytes; the
+    backward op called with an lse sliced off 16 bytes gets it copied into aligned rows (the TMA
+    backward's _stat_rows), and gives the same gradients as with the aligned lse."""
     monkeypatch.setattr(op.plans, "KERNELS", "tma")
     q, k, v = _qkv(1, 4, 2, 24, 24, 16, seed=4)
     o, lse = op.launch._forward(q, k, v, None, True, 0, 0, 0.25)
     shifted = torch.empty(lse.numel() + 1, device=DEVICE)[1:].view(lse.shape)
     shifted.copy_(lse)
+    assert shifted.data_ptr() % 16
     do = torch.randn_like(q)
-    seen = []
+    seen, lse_starts = [], []
 
-    def spy(kernel):
-        seen.append(kernel.__name__)
-        return kernel
-    aligned = op.launch._backward(q, k, v, o, lse, do, None, True, 0, 0, 0.25, launch=spy)
-    assert seen[-2:] == ["_tma_dkdv_kernel", "_tma_dq_kernel"]
-    off = op.launch._backward(q, k, v, o, shifted, do, None, True, 0, 0, 0.25, launch=spy)
-    assert seen[-2:] == ["_bwd_dkdv_kernel", "_bwd_dq_kernel"]
-    tol = 1e-4 if DTYPE == torch.float32 else 3e-2                # two kernels' roundings in bfloat16
+    class Spy:                                  # records what the dK/dV kernel is handed as lse
+        def __init__(self, kernel):
+            self.kernel = kernel
+            seen.append(kernel.__name__)
+
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                if self.kernel.__name__ == "_tma_dkdv_kernel":
+                    lse_starts.append(args[2].data_ptr() % 16)
+                return self.kernel[grid](*args, **meta)
+            return run
+    aligned = op.launch._backward(q, k, v, o, lse, do, None, True, 0, 0, 0.25, launch=Spy)
+    off = op.launch._backward(q, k, v, o, shifted, do, None, True, 0, 0, 0.25, launch=Spy)
+    assert seen == ["_bwd_preprocess_kernel", "_tma_dkdv_kernel", "_tma_dq_kernel"] * 2
+    assert lse_starts == [0, 0], "the dK/dV kernel's lse must start on 16 bytes"
     for name, a, b in zip(("dq", "dk", "dv"), aligned[:3], off[:3]):
-        torch.testing.assert_close(a, b, atol=tol, rtol=tol, msg=lambda m: f"{name}: {m}")
+        assert torch.equal(a, b), name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -167,8 +167,6 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
     plan, tma = _choose(q, k, v, do, sinks, causal, window, sink_tokens, bnhd, key)
-    if tma and not plans._aligned(lse):                     # a caller's slice: the descriptor needs 16 bytes
-        plan, tma = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False), False
     pad = _pow2(d)
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=pad, COUNT_VISITS=False)
 
@@ -214,13 +212,9 @@ def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sin
     sink_tokens = sink_tokens if window > 0 else 0
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=d)
     # The dK/dV kernel reads lse and delta through descriptors, whose rows must start on 16 bytes:
-    # when Nq is not a multiple of 4 both go into rows padded to one (lse itself is left as it is).
-    lse_rows, delta_rows = lse, delta
-    if nq % 4:
-        padded = torch.empty(2, b * hq, -(-nq // 4) * 4, device=q.device, dtype=torch.float32)[:, :, :nq]
-        padded[0].copy_(lse.reshape(b * hq, nq))
-        padded[1].copy_(delta.reshape(b * hq, nq))
-        lse_rows, delta_rows = padded[0], padded[1]
+    # the TMA backward's _stat_rows copies them into padded rows when Nq is not a multiple of 4 or
+    # a caller's lse starts elsewhere.
+    lse_rows, delta_rows = (tma_backward._stat_rows(x, b * hq, nq) for x in (lse, delta))
     tile = plan["dkdv"]
     launch(tma_backward._tma_dkdv_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
         q, do, lse_rows, delta_rows, k, v, dk, dv, *q_strides, *do_strides, lse_rows.stride(-2),

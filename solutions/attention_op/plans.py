@@ -121,19 +121,10 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
     return plan
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    """Whether ``t`` starts on 16 bytes.  A traced tensor has no address: Inductor copies a graph
-    input that starts elsewhere before running kernels compiled for aligned ones."""
-    try:
-        return t.data_ptr() % 16 == 0
-    except (RuntimeError, NotImplementedError):
-        return True
-
-
 def tma_strides(*tensors) -> bool:
     """Whether a TMA descriptor can read each tensor where it lies (``tma_compatible`` of the TMA
-    forward's file, with a traced tensor taken as aligned: see ``_aligned``)."""
-    return all(tma_forward.tma_strides(t) and _aligned(t) for t in tensors)
+    forward's file, which takes a traced tensor as aligned)."""
+    return all(tma_forward.tma_compatible(t) for t in tensors)
 
 
 def _bhnd(t: torch.Tensor, bnhd: bool) -> tuple:
