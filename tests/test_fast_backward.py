@@ -82,10 +82,10 @@ def test_rows_that_see_nothing_get_zero_gradients(fast):
 
 def test_strided_inputs_and_a_fixed_dq_tile(fast):
     q, k, v, do = _inputs(2, 4, 2, 45, 45, 32, torch.float32, seed=1)
-    qt, kt, vt, dot = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v, do))   # (B, N, H, D)
-    assert not qt.is_contiguous()
+    qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))   # (B, N, H, D)
+    assert not qt.is_contiguous() and do.is_contiguous()        # dO in the other layout: strides of its own
     o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3)
-    got = fast.flash_attention_backward(qt, kt, vt, o, lse, dot, causal=True, sm_scale=0.3, block_m=16, block_n=16)
+    got = fast.flash_attention_backward(qt, kt, vt, o, lse, do, causal=True, sm_scale=0.3, block_m=16, block_n=16)
     # Read where they lie, the gradients in the inputs' layout: no copy on the way in or out.
     assert [g.stride() for g in got[:3]] == [qt.stride(), kt.stride(), vt.stride()]
     _check_grads(got, q, k, v, do, causal=True, sm_scale=0.3)
