@@ -37,6 +37,7 @@ import pytest
 
 from grader import stages
 from grader.isolation import answer_keys, choice, private
+from grader.testing.keys_lock import KeysTurn
 
 pytestmark = pytest.mark.slow
 STAGE1 = stages.find("stage1")
@@ -321,12 +322,21 @@ def build_class(subs: Path, out: Path, port: int, mechanism: str) -> dict[str, s
 
 @pytest.fixture(scope="module", autouse=True)
 def _answer_keys_kept_as_they_were():
-    """The 'user' mechanism makes the answer keys unreadable to other users; give them their modes back."""
+    """The 'user' mechanism makes the answer keys unreadable to other users; give them their modes back.
+    The modes are read and given back while no other test grades this checkout, and the gradings
+    here hold a shared turn (grader/testing/keys_lock.py)."""
     paths = [ROOT / p for p in answer_keys.ANSWER_KEYS] + list((ROOT / "kernels" / "__pycache__").glob("reference.*"))
-    modes = {p: p.stat().st_mode for p in paths if p.exists()}
-    yield
-    for path, mode in modes.items():
-        os.chmod(path, mode)
+    turn = KeysTurn()
+    try:
+        turn.take(exclusive=True)
+        modes = {p: p.stat().st_mode for p in paths if p.exists()}
+        turn.take(exclusive=False)
+        yield
+        turn.take(exclusive=True)
+        for path, mode in modes.items():
+            os.chmod(path, mode)
+    finally:
+        turn.close()
 
 
 def _sleepers() -> list[str]:

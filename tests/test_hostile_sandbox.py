@@ -38,6 +38,7 @@ from grader import stages
 from grader.isolation import answer_keys, choice, procfs, sandbox, uids
 from grader.isolation.mechanism import UID_BASE, UID_SLOTS, Mechanism
 from grader.isolation.private import private_dir, unlink
+from grader.testing.keys_lock import keys_turn
 
 STAGE1 = stages.find("stage1")
 FILE = f"{STAGE1.module}.py"
@@ -83,6 +84,14 @@ def thief(folder: Path, *, root: Path = ROOT, attack: str = "") -> Path:
     folder.chmod(0o755)
     (folder / FILE).write_text(THIEF.format(solution=str(root / "solutions" / FILE), attack=attack))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _keys_turn(request):
+    """Each test here grades this checkout (shared turn) or compares its answer keys' modes before and
+    after (exclusive turn): no other test's grading may hide or give them back meanwhile."""
+    with keys_turn(exclusive=request.node.get_closest_marker("answer_key_modes") is not None):
+        yield
 
 
 # -- which Python runs the grader, for each mechanism ----------------------------------------------
@@ -351,6 +360,7 @@ def _modes(paths) -> dict[Path, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.answer_key_modes
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_a_worker_leaves_nothing_behind_and_every_mode_comes_back(mechanism, pythons, tmp_path):
     """Files in every folder anyone may write, a 256 MiB SysV segment, a semaphore and a message queue,
@@ -468,6 +478,26 @@ def test_modes_taken_away_come_back_when_the_last_grading_ends(monkeypatch, tmp_
     with answer_keys.AnswerKeys():
         pass
     assert _modes(paths) == before
+
+
+def test_a_test_that_sets_the_modes_waits_for_every_grading_test():
+    """The turn the tests here take (grader/testing/keys_lock.py): while one holds it shared, another
+    process gets it shared at once and exclusive not at all."""
+    from grader.testing import keys_lock
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "for kind in ('LOCK_SH', 'LOCK_EX'):\n"
+             "    try:\n"
+             "        fcntl.flock(fd, getattr(fcntl, kind) | fcntl.LOCK_NB)\n"
+             "        fcntl.flock(fd, fcntl.LOCK_UN); print(kind, 'free')\n"
+             "    except OSError:\n"
+             "        print(kind, 'held')\n")
+
+    def other() -> list[str]:
+        done = subprocess.run([sys.executable, "-c", probe, str(keys_lock._lock_path())], check=True,
+                              capture_output=True, text=True, timeout=60)
+        return done.stdout.split("\n")[:2]
+
+    assert other() == ["LOCK_SH free", "LOCK_EX held"]      # this test's own shared turn (the fixture)
 
 
 # -- a grading stopped from outside ----------------------------------------------------------
