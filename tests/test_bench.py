@@ -379,3 +379,18 @@ def test_the_fused_backward_probe_computes_the_gradients():
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     errors = [float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines() if "relative error" in line]
     assert len(errors) == 4 and max(errors) < 2e-2, done.stdout
+
+
+def test_the_spill_table_in_the_notes_is_the_committed_probe_s():
+    """docs/hopper-notes.md's table of spilling tiles is what grader/bench/probes/register_spills.py's
+    summary makes of the JSON committed beside it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("register_spills",
+                                                  ROOT / "grader" / "bench" / "probes" / "register_spills.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    doc = json.loads((ROOT / "docs" / "hopper-probe-register-spills.json").read_text())
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    lines = probe.summary(doc["rows"])
+    assert len(lines) > 2 and all(line in notes for line in lines), "\n".join(lines)
+    assert f"Triton {doc['triton']}" in notes and not [r for r in doc["rows"] if "error" in r]
