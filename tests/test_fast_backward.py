@@ -137,3 +137,20 @@ def test_gpu_long_sequences_in_bfloat16(fast, mask):
     small = dict(mask, sinks=mask["sinks"][:4]) if "sinks" in mask else mask
     _check_grads((got[0][:, :4], got[1][:, :1], got[2][:, :1], got[3][:4] if got[3] is not None else None),
                  q[:, :4], k[:, :1], v[:, :1], do[:, :4], **small)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tile", [(16, 32, 4, 1), (32, 16, 4, 1)])
+def test_the_one_pass_probe_s_kernel_matches_float64_autograd(fast, causal, tile):
+    """grader/bench/probes/fused_dq_backward.py times a one-pass backward (dQ added by the dK/dV
+    program); its element-wise variant, judged here as the TMA backward is, so that the probe
+    never times a wrong kernel."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("fused_dq_backward",
+                                                  ROOT / "grader" / "bench" / "probes" / "fused_dq_backward.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    q, k, v, do = _inputs(1, 2, 2, 64, 64, 32, DTYPES[-1], seed=3)
+    o, lse = fast.flash_attention(q, k, v, causal=causal)
+    got = probe.fused_backward(q, k, v, o, lse, do, causal, tile, False, fast._stage9.backward_preprocess)
+    _check_grads((*got, None), q, k, v, do, causal=causal)
