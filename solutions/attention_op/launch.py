@@ -9,7 +9,7 @@ and in eager mode the kernel itself or :class:`_Launch`.
 
 from __future__ import annotations
 
-from kernels import runtime
+from kernels import runtime, tuning
 
 import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
@@ -139,7 +139,7 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
     o, lse = _forward_outputs(q, bnhd)
     if tma:
         runtime.tma_scratch()                               # the descriptors the kernel makes live there
-        pack = tma_forward.tuning.gqa_pack(hq // hkv)
+        pack = tuning.gqa_pack(hq // hkv)
         sink_tokens = sink_tokens if window > 0 else 0      # without a window every earlier key is seen
         launch(tma_forward._tma_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
             q, k, v, o, lse, sinks if sinks is not None else lse,
@@ -208,7 +208,7 @@ def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sin
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, do_strides = _bhnd(v, bnhd)[1][:3], _bhnd(do, bnhd)[1][:3]
     q_strides, k_strides = q_strides[:3], k_strides[:3]
-    group, pack = hq // hkv, tma_forward.tuning.gqa_pack(hq // hkv)
+    group, pack = hq // hkv, tuning.gqa_pack(hq // hkv)
     sink_tokens = sink_tokens if window > 0 else 0
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=d)
     # The dK/dV kernel reads lse and delta through descriptors, whose rows must start on 16 bytes:
