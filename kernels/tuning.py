@@ -142,11 +142,12 @@ def _entries(tiles: dict, head_dim_pad: int) -> list[tuple[int, int, int, int]]:
     return tiles[fits[0] if fits else max(tiles)]
 
 
-def autotune(tiles: dict, key: list[str], pre_hook=None):
+def autotune(tiles: dict, key: list[str], pre_hook=None, reset_to_zero=None):
     """``triton.autotune`` over every tile of ``tiles``, pruned to the call's HEAD_DIM_PAD.
 
     ``pre_hook(nargs)`` runs before each configuration is launched, with its meta-parameters in
-    ``nargs`` (TMA descriptors take their tile shape from it)."""
+    ``nargs`` (TMA descriptors take their tile shape from it).  ``reset_to_zero`` names the
+    arguments a kernel adds into: zeroed before each timed launch and before the real one."""
     by_dim = {d: [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=pre_hook)
                   for bm, bn, w, s in rows] for d, rows in tiles.items()}
 
@@ -155,7 +156,7 @@ def autotune(tiles: dict, key: list[str], pre_hook=None):
         return _entries(by_dim, head_dim_pad)
 
     return triton.autotune(configs=[c for row in by_dim.values() for c in row], key=key,
-                           prune_configs_by={"early_config_prune": prune})
+                           prune_configs_by={"early_config_prune": prune}, reset_to_zero=reset_to_zero)
 
 
 @contextlib.contextmanager

@@ -83,18 +83,30 @@ DQ_TILES = {
     128: [(128, 32, 4, 3), (128, 32, 8, 2), (128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3)],
     256: [(64, 16, 8, 1), (64, 32, 4, 2), (64, 32, 8, 1)],
 }
+# The one-pass dK/dV kernel (``one_pass=True``) also holds a (BLOCK_M, D) float32 share of dQ and
+# stages it in shared memory for the reduce-add, so K and V come through descriptors and stay in
+# shared memory.  Compiled for sm_90a, these tiles fit its shared memory and spill no register, or
+# a few (D128's 64 x 128, D256); 128 x 64 at D64 and 64 x 128 with 4 warps spilled more.
+ONE_PASS_TILES = {
+    64: [(64, 128, 8, 2), (64, 128, 8, 3), (64, 64, 4, 3), (32, 128, 8, 2)],
+    128: [(64, 64, 8, 2), (64, 128, 8, 2), (64, 64, 8, 3), (32, 64, 8, 2)],
+    256: [(16, 64, 8, 1), (16, 32, 8, 1)],
+}
 DKDV_INTERPRETER_TILE = (32, 64, 4, 1)
 DQ_INTERPRETER_TILE = (64, 32, 4, 1)
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, heads, offs_m, offs_n, lo, hi, full_lo,
-               full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
-               MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, desc_dq, DQ32, b, h0, H_Q, heads, offs_m, offs_n,
+               lo, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
+               MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+               ONE_PASS: tl.constexpr, TMA_REDUCE: tl.constexpr):
     """dk += dS^T Q and dv += P^T dO over query blocks [lo, hi) of ``heads`` heads from head h0 of batch b.
 
     One loop over every (head, query block) pair; with MASKED the mask is built only in blocks
-    outside [full_lo, full_hi).
+    outside [full_lo, full_hi).  With ONE_PASS each block's dS K is also added into the float32
+    dQ buffer DQ32, (B, Hq, N_Q, D) contiguous: through ``desc_dq`` (TMA reduce-add) with
+    TMA_REDUCE, else element by element (Triton's interpreter has no reduce-add).
     """
     n_blocks = tl.cdiv(hi - lo, BLOCK_M)
     for i in range(0, heads * n_blocks):
@@ -116,8 +128,16 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, 
         p_t = tl.exp2(s_t - lse[None, :] * 1.4426950408889634)
         dv += tl.dot(p_t.to(do.dtype), do)
         dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk += tl.dot(ds_t.to(q.dtype), q)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk += tl.dot(ds_t, q)
+        if ONE_PASS:
+            dq = tl.dot(tl.trans(ds_t), k) * sm_scale                              # (BLOCK_M, D) float32
+            if TMA_REDUCE:                                                         # rows past N_Q are clipped
+                desc_dq.atomic_add([b, h0 + g, start_m, 0], dq.reshape(1, 1, BLOCK_M, HEAD_DIM_PAD))
+            else:
+                at = ((b * H_Q + h0 + g) * N_Q + rows).to(tl.int64)[:, None] * HEAD_DIM_PAD
+                tl.atomic_add(DQ32 + at + tl.arange(0, HEAD_DIM_PAD)[None, :], dq, mask=(rows < N_Q)[:, None],
+                              sem="relaxed")
     return dk, dv
 
 
@@ -132,6 +152,7 @@ def _tma_dkdv_kernel(
     B, H_Q, H_KV, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    DQ32=None, ONE_PASS: tl.constexpr = False, TMA_REDUCE: tl.constexpr = False,   # (B, Hq, N_Q, D) float32, zeroed
 ):
     sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile
     pid_n = tl.program_id(0)                     # which block of keys
@@ -144,16 +165,27 @@ def _tma_dkdv_kernel(
     kv_h = kv_bh % H_KV
     rows_n = offs_n.to(tl.int64)[:, None]
     kv_ok = (offs_n < N_K)[:, None]
-    k = tl.load(K + b.to(tl.int64) * stride_kb + kv_h * stride_kh + rows_n * stride_kn + offs_d[None, :],
-                mask=kv_ok, other=0.0)
-    v = tl.load(V + b.to(tl.int64) * stride_vb + kv_h * stride_vh + rows_n * stride_vn + offs_d[None, :],
-                mask=kv_ok, other=0.0)
+    if ONE_PASS:        # through descriptors: the tiles stay in shared memory, registers are short here
+        k = tiles_of(K, B, H_KV, N_K, stride_kb, stride_kh, stride_kn, BLOCK_N, HEAD_DIM_PAD).load(
+            [b, kv_h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+        v = tiles_of(V, B, H_KV, N_K, stride_vb, stride_vh, stride_vn, BLOCK_N, HEAD_DIM_PAD).load(
+            [b, kv_h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM_PAD)
+    else:
+        k = tl.load(K + b.to(tl.int64) * stride_kb + kv_h * stride_kh + rows_n * stride_kn + offs_d[None, :],
+                    mask=kv_ok, other=0.0)
+        v = tl.load(V + b.to(tl.int64) * stride_vb + kv_h * stride_vh + rows_n * stride_vn + offs_d[None, :],
+                    mask=kv_ok, other=0.0)
     desc_q = tiles_of(Q, B, H_Q, N_Q, stride_qb, stride_qh, stride_qn, BLOCK_M, HEAD_DIM_PAD)
     desc_do = tiles_of(DO, B, H_Q, N_Q, stride_dob, stride_doh, stride_don, BLOCK_M, HEAD_DIM_PAD)
     desc_lse = tl.make_tensor_descriptor(LSE, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
                                          block_shape=[1, BLOCK_M])
     desc_delta = tl.make_tensor_descriptor(DELTA, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
                                            block_shape=[1, BLOCK_M])
+    if ONE_PASS:
+        desc_dq = tiles_of(DQ32, B, H_Q, N_Q, H_Q * N_Q * HEAD_DIM_PAD, N_Q * HEAD_DIM_PAD, HEAD_DIM_PAD, BLOCK_M,
+                           HEAD_DIM_PAD)
+    else:
+        desc_dq = desc_q                         # not used
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
@@ -161,23 +193,30 @@ def _tma_dkdv_kernel(
                                                BLOCK_M, BLOCK_N)
     h0 = kv_h * GROUP                            # the first query head of the group
     if HAS_WINDOW:                               # both ends masked: one loop, masks only at the ends
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, GROUP, offs_m, offs_n,
-                            lo, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
-                            BLOCK_M, HEAD_DIM_PAD)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, desc_dq, DQ32, b, h0, H_Q, GROUP,
+                            offs_m, offs_n, lo, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale,
+                            qk_scale, True, HAS_WINDOW, BLOCK_M, HEAD_DIM_PAD, ONE_PASS, TMA_REDUCE)
     else:
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, GROUP, offs_m, offs_n,
-                            lo, full_lo, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
-                            BLOCK_M, HEAD_DIM_PAD)
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, GROUP, offs_m, offs_n,
-                            full_lo, full_hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, False,
-                            HAS_WINDOW, BLOCK_M, HEAD_DIM_PAD)
-        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, GROUP, offs_m, offs_n,
-                            full_hi, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale, True, HAS_WINDOW,
-                            BLOCK_M, HEAD_DIM_PAD)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, desc_dq, DQ32, b, h0, H_Q, GROUP,
+                            offs_m, offs_n, lo, full_lo, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale,
+                            qk_scale, True, HAS_WINDOW, BLOCK_M, HEAD_DIM_PAD, ONE_PASS, TMA_REDUCE)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, desc_dq, DQ32, b, h0, H_Q, GROUP,
+                            offs_m, offs_n, full_lo, full_hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS,
+                            sm_scale, qk_scale, False, HAS_WINDOW, BLOCK_M, HEAD_DIM_PAD, ONE_PASS, TMA_REDUCE)
+        dk, dv = _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, desc_dq, DQ32, b, h0, H_Q, GROUP,
+                            offs_m, offs_n, full_hi, hi, full_lo, full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale,
+                            qk_scale, True, HAS_WINDOW, BLOCK_M, HEAD_DIM_PAD, ONE_PASS, TMA_REDUCE)
     dk_rows = DK + b.to(tl.int64) * stride_dkb + kv_h * stride_dkh + rows_n * stride_dkn + offs_d[None, :]
     dv_rows = DV + b.to(tl.int64) * stride_dvb + kv_h * stride_dvh + rows_n * stride_dvn + offs_d[None, :]
     tl.store(dk_rows, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_ok)
     tl.store(dv_rows, dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+# The same kernel with dQ added in (ONE_PASS), its own table, and its float32 dQ zeroed before
+# every launch the autotuner times.
+_tma_one_pass_kernel = tuning.autotune(ONE_PASS_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW",
+                                                            "WINDOW", "SINK_TOKENS", "GROUP"],
+                                       reset_to_zero=["DQ32"])(_tma_dkdv_kernel.fn)
 
 
 @triton.jit
@@ -271,13 +310,18 @@ def _stat_rows(x: torch.Tensor, rows: int, n: int) -> torch.Tensor:
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
-                             sm_scale=None, block_m=None, block_n=None):
+                             sm_scale=None, block_m=None, block_n=None, one_pass=False):
     """Gradients ``(dq, dk, dv, dsinks)``, as stage 9's ``flash_attention_backward``.
 
     q, o, do: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) float32 from the forward;
     D a power of two from 16 to 256.  ``block_m``/``block_n`` fix the dQ kernel's tile (for tests).
     Extra memory: delta (B, Hq, Nq) float32 and a few floats per query block for dsinks (and, when Nq
     is not a multiple of 4, padded copies of lse and delta: see _stat_rows).
+
+    ``one_pass=True`` runs no dQ kernel: the dK/dV kernel adds each tile's dS K into a float32
+    (B, Hq, Nq, D) buffer (extra memory), five matrix products a tile instead of seven, and dQ
+    is that buffer in q's dtype.  The additions' order varies from run to run, so dQ may differ
+    in its last bits between two runs.  ``block_m``/``block_n`` then fix the dK/dV tile.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                                       sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
@@ -315,6 +359,18 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     lse_rows, delta_rows = (_stat_rows(x, B * Hq, Nq) for x in (lse, delta))    # one row stride for both
     runtime.tma_scratch()                        # the descriptors the kernels make live in scratch memory
     dk, dv = torch.empty_like(k), torch.empty_like(v)                         # k's and v's strides
+    if one_pass:                                 # dK, dV and dQ's float32 sum in one kernel
+        kernel, tile = tuning.plan(_tma_one_pass_kernel, ONE_PASS_TILES, D, Nq, Nk,
+                                   interpreter_tile=DKDV_INTERPRETER_TILE, block_m=block_m, block_n=block_n)
+        dq32 = torch.zeros(B, Hq, Nq, D, device=q.device, dtype=torch.float32)
+        kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
+            q, do, lse_rows, delta_rows, k, v, dk, dv, *q.stride()[:3], *do.stride()[:3], lse_rows.stride(0),
+            *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+            B, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, **flags, **tile,
+            DQ32=dq32, ONE_PASS=True, TMA_REDUCE=runtime.ON_GPU)
+        dq = torch.empty_like(q)                                              # q's strides
+        dq.copy_(dq32)
+        return dq, dk, dv, dsinks
     dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
         q, do, lse_rows, delta_rows, k, v, dk, dv, *q.stride()[:3], *do.stride()[:3], lse_rows.stride(0),
         *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],

@@ -63,29 +63,33 @@ CASES = FORWARD_CASES + [
 
 @pytest.mark.parametrize("b, hq, hkv, nq, nk, d, mask", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gradients_match_float64_autograd(fast, b, hq, hkv, nq, nk, d, mask, dtype):
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two-kernels", "one-pass"])
+def test_gradients_match_float64_autograd(fast, b, hq, hkv, nq, nk, d, mask, dtype, one_pass):
     q, k, v, do = _inputs(b, hq, hkv, nq, nk, d, dtype)
     mask = dict(mask)
     if mask.pop("learned_sinks", False):
         mask["sinks"] = torch.linspace(-3.0, 4.0, hq, device=DEVICE)
     o, lse = fast.flash_attention(q, k, v, **mask)
-    got = fast.flash_attention_backward(q, k, v, o, lse, do, **mask)
+    got = fast.flash_attention_backward(q, k, v, o, lse, do, one_pass=one_pass, **mask)
     _check_grads(got, q, k, v, do, **mask)
 
 
-def test_rows_that_see_nothing_get_zero_gradients(fast):
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two-kernels", "one-pass"])
+def test_rows_that_see_nothing_get_zero_gradients(fast, one_pass):
     q, k, v, do = _inputs(1, 2, 2, 50, 20, 16, torch.float32)
     o, lse = fast.flash_attention(q, k, v, causal=True)
-    dq, dk, dv, _ = fast.flash_attention_backward(q, k, v, o, lse, do, causal=True)
+    dq, dk, dv, _ = fast.flash_attention_backward(q, k, v, o, lse, do, causal=True, one_pass=one_pass)
     assert torch.all(dq[:, :, :30] == 0) and torch.isfinite(dk).all() and torch.isfinite(dv).all()
 
 
-def test_strided_inputs_and_a_fixed_dq_tile(fast):
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two-kernels", "one-pass"])
+def test_strided_inputs_and_a_fixed_dq_tile(fast, one_pass):
     q, k, v, do = _inputs(2, 4, 2, 45, 45, 32, torch.float32, seed=1)
     qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))   # (B, N, H, D)
     assert not qt.is_contiguous() and do.is_contiguous()        # dO in the other layout: strides of its own
     o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3)
-    got = fast.flash_attention_backward(qt, kt, vt, o, lse, do, causal=True, sm_scale=0.3, block_m=16, block_n=16)
+    got = fast.flash_attention_backward(qt, kt, vt, o, lse, do, causal=True, sm_scale=0.3, block_m=16, block_n=16,
+                                        one_pass=one_pass)
     # Read where they lie, the gradients in the inputs' layout: no copy on the way in or out.
     assert [g.stride() for g in got[:3]] == [qt.stride(), kt.stride(), vt.stride()]
     _check_grads(got, q, k, v, do, causal=True, sm_scale=0.3)
@@ -126,13 +130,14 @@ def test_bad_input_names_the_argument(fast, kwargs, error, words):
 
 @pytest.mark.skipif(not runtime.ON_GPU, reason="bfloat16 and the autotuned tiles need a CUDA GPU")
 @pytest.mark.parametrize("mask", [dict(causal=True), dict(causal=True, window=300), dict(learned_sinks=True)])
-def test_gpu_long_sequences_in_bfloat16(fast, mask):
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two-kernels", "one-pass"])
+def test_gpu_long_sequences_in_bfloat16(fast, mask, one_pass):
     q, k, v, do = _inputs(1, 8, 2, 2048, 2048, 64, torch.bfloat16)    # 2048 x 2048 pairs: the autotuner runs
     mask = dict(mask)
     if mask.pop("learned_sinks", False):
         mask["sinks"] = torch.linspace(-3.0, 4.0, 8, device=DEVICE)
     o, lse = fast.flash_attention(q, k, v, **mask)
-    got = fast.flash_attention_backward(q, k, v, o, lse, do, **mask)
+    got = fast.flash_attention_backward(q, k, v, o, lse, do, one_pass=one_pass, **mask)
     # dk and dv of KV head 0 need all four of its query heads: judge those against autograd on them.
     small = dict(mask, sinks=mask["sinks"][:4]) if "sinks" in mask else mask
     _check_grads((got[0][:, :4], got[1][:, :1], got[2][:, :1], got[3][:4] if got[3] is not None else None),

@@ -12,13 +12,15 @@ tiles), beside the TMA backward with every feature and SDPA's cuDNN backward, on
     fused-tma       dQ added through a descriptor's ``atomic_add`` (TMA reduce-add)
     fused-atomic    dQ added element by element (``tl.atomic_add``)
     tma             solutions/fast_backward_tma.py's flash_attention_backward
-    cudnn           SDPA's cuDNN backend, ``torch.autograd.grad`` of its output
+    tma-one-pass    the same with ``one_pass=True``: its dK/dV kernel adds dQ (TMA reduce-add), every
+                    feature kept; also timed on the gpt-oss cases (GQA, learned sinks, window 128)
+    cudnn           SDPA's cuDNN backend, ``torch.autograd.grad`` of its output (no sinks, no window)
 
 Each fused variant is timed over a few tiles and reports its fastest; every backward includes
 stage 9's preprocess (delta) and, for the fused ones, zeroing the float32 buffer and converting it.
 Gradients are checked against float32 SDPA before any timing.
 
-    python grader/bench/probes/fused_dq_backward.py [--json PATH]    (a CUDA GPU; $OUT or /tmp)
+    python grader/bench/probes/fused_dq_backward.py [--json PATH] [--cases 0,1]   (a CUDA GPU; $OUT or /tmp)
 
 tests/test_fast_backward.py judges the element-wise variant against float64 autograd on the CPU, in
 Triton's interpreter (which has no descriptor reduce-add).
@@ -144,6 +146,7 @@ def _error(got, want) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "fused-dq.json"))
+    parser.add_argument("--cases", default=None, help="indices of the cases to run, comma-separated (0-5)")
     args = parser.parse_args()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
@@ -153,59 +156,88 @@ def main() -> int:
     tma_b = load_file(ROOT / "solutions" / "fast_backward_tma.py")
     preprocess = tma_b._stage9.backward_preprocess
     doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, rows=[])
+    if Path(args.json).exists():                 # a run split by --cases adds to the file
+        earlier = json.loads(Path(args.json).read_text())
+        assert (earlier["gpu"], earlier["torch"], earlier["triton"]) == (doc["gpu"], doc["torch"], doc["triton"]), \
+            "the file holds another machine's or version's runs"
+        doc = earlier
     print(doc["gpu"], doc["torch"], "triton", doc["triton"], flush=True)
 
     def bench(fn):
         return do_bench(fn, warmup=20, rep=80, return_mode="median")
 
-    for d in (64, 128):
-        for causal in (False, True):
-            name = f"B4 H16 N4096 D{d}{' causal' if causal else ''}"
-            start = time.time()
-            print(name, flush=True)
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v, do = (torch.randn(4, 16, 4096, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                           for _ in range(4))
-            flops = 4 * 4 * 16 * d * (4096 * 4097 // 2 if causal else 4096 * 4096) * 5 // 2
-            o, lse = tma_f.flash_attention(q, k, v, causal=causal)
-            want = _reference(q, k, v, do, causal)
+    cases = [dict(name=f"B4 H16 N4096 D{d}{' causal' if c else ''}", b=4, hq=16, hkv=16, d=d, causal=c, window=None,
+                  sinks=False) for d in (64, 128) for c in (False, True)]
+    cases += [dict(name=f"gpt-oss B1 N4096 Hq64/Hkv8 D64 sinks, {'window 128' if w else 'full causal'}", b=1, hq=64,
+                   hkv=8, d=64, causal=True, window=w, sinks=True) for w in (None, 128)]
+    if args.cases:
+        cases = [cases[int(i)] for i in args.cases.split(",")]
+    n = 4096
+    for case in cases:
+        name, d, causal, window = case["name"], case["d"], case["causal"], case["window"]
+        start = time.time()
+        print(name, flush=True)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, do = (torch.randn(case["b"], case["hq"], n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                 for _ in range(2))
+        k, v = (torch.randn(case["b"], case["hkv"], n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                for _ in range(2))
+        sinks = torch.randn(case["hq"], device="cuda") if case["sinks"] else None
+        pairs = sum(min(i + 1, window) for i in range(n)) if window else n * (n + 1) // 2 if causal else n * n
+        flops = 4 * case["b"] * case["hq"] * d * pairs * 5 // 2
+        opts = dict(causal=causal, window=window, sinks=sinks)
+        o, lse = tma_f.flash_attention(q, k, v, **opts)
+        plain = case["hq"] == case["hkv"] and not window and sinks is None
+        want = _reference(q, k, v, do, causal) if plain else tma_b.flash_attention_backward(q, k, v, o, lse, do,
+                                                                                            **opts)[:3]
 
-            def record(provider, ms, note=""):
-                row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
-                           bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
-                doc["rows"].append(row)
-                Path(args.json).write_text(json.dumps(doc, indent=1))
-                print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
+        def record(provider, ms, note=""):
+            row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
+                       bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
+            doc["rows"].append(row)
+            Path(args.json).write_text(json.dumps(doc, indent=1))
+            print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
 
-            for provider, tma_reduce in (("fused-tma", True), ("fused-atomic", False)):
-                timed = []
-                for tile in TILES[d]:
-                    try:
-                        def run(tile=tile, tma_reduce=tma_reduce):
-                            return fused_backward(q, k, v, o, lse, do, causal, tile, tma_reduce, preprocess)
-                        err = _error(run(), want)
-                        if err > 2e-2:
-                            record(provider, None, f"tile {tile}: WRONG, relative error {err:.2e}")
-                            continue
-                        timed.append((bench(run), tile, err))
-                    except Exception as e:          # a probe reports and goes on
-                        record(provider, None, f"tile {tile} failed: {type(e).__name__}: {str(e)[:200]}")
-                    torch.cuda.empty_cache()
-                if timed:
-                    ms, tile, err = min(timed)
-                    others = ", ".join(f"{t}: {m:.3f}" for m, t, _ in sorted(timed))
-                    record(provider, ms, f"best tile {tile}, error {err:.1e}; all: {others}")
+        for provider, tma_reduce in (("fused-tma", True), ("fused-atomic", False)) if plain else ():
+            timed = []
+            for tile in TILES[d]:
+                try:
+                    def run(tile=tile, tma_reduce=tma_reduce):
+                        return fused_backward(q, k, v, o, lse, do, causal, tile, tma_reduce, preprocess)
+                    err = _error(run(), want)
+                    if err > 2e-2:
+                        record(provider, None, f"tile {tile}: WRONG, relative error {err:.2e}")
+                        continue
+                    timed.append((bench(run), tile, err))
+                except Exception as e:          # a probe reports and goes on
+                    record(provider, None, f"tile {tile} failed: {type(e).__name__}: {str(e)[:200]}")
+                torch.cuda.empty_cache()
+            if timed:
+                ms, tile, err = min(timed)
+                others = ", ".join(f"{t}: {m:.3f}" for m, t, _ in sorted(timed))
+                record(provider, ms, f"best tile {tile}, error {err:.1e}; all: {others}")
+        reference = "float32 SDPA" if plain else "the two-kernel TMA backward"
+        for provider, one_pass in (("tma", False), ("tma-one-pass", True)):
             try:
-                got = tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)[:3]
-                record("tma", bench(lambda: tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)),
-                       f"error {_error(got, want):.1e}")
+                def run(one_pass=one_pass):
+                    return tma_b.flash_attention_backward(q, k, v, o, lse, do, one_pass=one_pass, **opts)
+                err = _error(run()[:3], want)
+                if err > 2e-2:
+                    record(provider, None, f"WRONG: relative error {err:.2e} against {reference}")
+                    continue
+                ms = bench(run)
+                tuned = tma_b._tma_one_pass_kernel if one_pass else tma_b._tma_dkdv_kernel
+                record(provider, ms, f"error {err:.1e} against {reference}; dK/dV tile {tuned.best_config}")
             except Exception as e:
-                record("tma", None, f"failed: {type(e).__name__}: {str(e)[:200]}")
+                record(provider, None, f"failed: {type(e).__name__}: {str(e)[:200]}")
+        if not window:
             qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-            record("cudnn", bench(lambda: torch.autograd.grad(oo, (qq, kk, vv), do, retain_graph=True)))
-            print(f"  ({time.time() - start:.0f} s)", flush=True)
+                oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal,
+                                                    enable_gqa=case["hq"] != case["hkv"])
+            record("cudnn", bench(lambda: torch.autograd.grad(oo, (qq, kk, vv), do, retain_graph=True)),
+                   "no sinks: full causal attention" if sinks is not None else "")
+        print(f"  ({time.time() - start:.0f} s)", flush=True)
 
     print("\n| case | provider | bwd ms | bwd TFLOP/s | vs cuDNN | vs tma |")
     for r in doc["rows"]:
