@@ -406,7 +406,7 @@ def test_inductor_takes_each_kernel_to_write_only_its_outputs():
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
         "forward": ["LSE", "O"], "preprocess": ["DELTA", "DSINKS_PART"], "dkdv": ["DK", "DV"], "dq": ["DQ"],
-        "tma_forward": ["LSE", "O"], "tma_dkdv": ["DK", "DV"], "tma_dq": ["DQ"]}
+        "tma_forward": ["LSE", "O"], "tma_dkdv": ["DK", "DV"], "tma_one_pass": ["DK", "DQ32", "DV"], "tma_dq": ["DQ"]}
 
 
 @gpu

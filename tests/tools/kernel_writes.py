@@ -79,7 +79,11 @@ def tma_writes(solutions: Path, q, k, v, o, lse, sinks, do, dq, dk, dv, delta) -
                               dict(sizes, **strides(fwd._tma_forward_kernel), HAS_SINK_TOKENS=False, HAS_SINKS=True,
                                    PACK=4)),
         "tma_dkdv": writes(bwd._tma_dkdv_kernel.fn, dict(Q=q, DO=do, LSE=lse, DELTA=delta, K=k, V=v, DK=dk, DV=dv),
-                           dict(sizes, **strides(bwd._tma_dkdv_kernel), H_KV=hkv)),
+                           dict(sizes, **strides(bwd._tma_dkdv_kernel), H_KV=hkv, DQ32=None, ONE_PASS=False,
+                                TMA_REDUCE=False)),
+        "tma_one_pass": writes(bwd._tma_dkdv_kernel.fn, dict(Q=q, DO=do, LSE=lse, DELTA=delta, K=k, V=v, DK=dk, DV=dv,
+                                                             DQ32=torch.empty(q.shape, dtype=torch.float32)),
+                               dict(sizes, **strides(bwd._tma_dkdv_kernel), H_KV=hkv, ONE_PASS=True, TMA_REDUCE=True)),
         "tma_dq": writes(bwd._tma_dq_kernel.fn, dict(K=k, V=v, Q=q, DO=do, DQ=dq, LSE=lse, DELTA=delta),
                          dict(sizes, **strides(bwd._tma_dq_kernel), PACK=4)),
     }
