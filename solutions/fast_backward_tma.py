@@ -22,6 +22,14 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
   load O beside it, compute delta there and run dK/dV second) saves a pass over O and dO, but
   it is slower under sliding windows, where each program visits few blocks.  So stage 9's
   preprocess runs first, as there.
+* **Or two: dQ added in the dK/dV kernel** (``one_pass=True``).  The dQ kernel recomputes the
+  scores and dP of every tile the dK/dV kernel already computed them for: seven matrix products
+  a tile in all.  With ``one_pass`` the dK/dV kernel also forms dS K and adds it into a float32
+  dQ that every key block of a query row shares, through the TMA unit's reduce-add (as
+  FlashAttention-2 and -3 do with atomics): five products a tile, plus the additions, and a
+  float32 (B, Hq, Nq, D) buffer.  The additions come in any order, so dQ may differ in its
+  last bits from one run to the next.  Which way is faster depends on the GPU and the shape:
+  solutions/attention_op times both once per shape.
 * **One flat loop over a GQA group in dK/dV.**  Stage 9 loops over the group's query heads and,
   inside, over query blocks; here one loop walks every (head, query block) pair, so a pipelined
   loop's set-up (its first loads, before any overlap) is paid once rather than once per head
@@ -214,11 +222,12 @@ def _tma_dkdv_kernel(
     tl.store(dv_rows, dv.to(DV.dtype.element_ty), mask=kv_ok)
 
 
-# The same kernel with dQ added in (ONE_PASS), its own table, and its float32 dQ zeroed before
-# every launch the autotuner times.
+# The same kernel with dQ added in (ONE_PASS): a JIT function of its own (its compiled variants
+# apart from the two-kernel one's), its own table, and its float32 dQ zeroed before every launch
+# the autotuner times.
 _tma_one_pass_kernel = tuning.autotune(ONE_PASS_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW",
                                                             "WINDOW", "SINK_TOKENS", "GROUP"],
-                                       reset_to_zero=["DQ32"])(_tma_dkdv_kernel.fn)
+                                       reset_to_zero=["DQ32"])(triton.jit(_tma_dkdv_kernel.fn.fn))
 
 
 @triton.jit

@@ -77,7 +77,11 @@ class _Launch:
         def run(*args, **meta):
             hit = _compiled.get((id(kernel), key))
             if hit is not None:                         # what Triton's own launch does, once bound
-                compiled, device, tail = hit
+                compiled, device, tail, tensors = hit
+                if tensors:                             # tensors given by name: this call's own
+                    tail = list(tail)
+                    for i, name in tensors:
+                        tail[i] = meta[name]
                 stream = torch._C._cuda_getCurrentRawStream(device)
                 hooks = triton.knobs.runtime
                 compiled.run(*grid, *(1,) * (3 - len(grid)), stream, compiled.function, compiled.packed_metadata,
@@ -87,7 +91,8 @@ class _Launch:
             compiled = kernel[grid](*args, **meta)
             params = list(kernel.signature.parameters.values())[len(args):]
             tail = tuple(meta[p.name] if p.name in meta else p.default for p in params)
-            _compiled[(id(kernel), key)] = (compiled, torch.cuda.current_device(), tail)
+            tensors = tuple((i, p.name) for i, p in enumerate(params) if isinstance(meta.get(p.name), torch.Tensor))
+            _compiled[(id(kernel), key)] = (compiled, torch.cuda.current_device(), tail, tensors)
         return run
 
 
@@ -110,9 +115,9 @@ def _choose(q, k, v, other, sinks, causal: bool, window: int, sink_tokens: int, 
     """``(plan, tma)``: the call's launch plan, and whether its TMA kernels can read q, k, v and
     ``other`` (the backward's dO; the forward's q again, whose o is allocated like it) where they
     lie; if not, stage 9's plan.  An eager call passes its call key, which holds everything this
-    depends on but ``plans.KERNELS`` (shapes, strides, alignment, options), and the answer is
-    kept under both."""
-    key = (key, plans.KERNELS) if key is not None else None
+    depends on but ``plans.KERNELS`` and ``plans.ONE_PASS`` (shapes, strides, alignment, options),
+    and the answer is kept under all three."""
+    key = (key, plans.KERNELS, plans.ONE_PASS) if key is not None else None
     chosen = _chosen.get(key) if key is not None else None
     if chosen is None:
         plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
@@ -215,6 +220,16 @@ def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sin
     # the TMA backward's _stat_rows copies them into padded rows when Nq is not a multiple of 4 or
     # a caller's lse starts elsewhere.
     lse_rows, delta_rows = (tma_backward._stat_rows(x, b * hq, nq) for x in (lse, delta))
+    if plan["one_pass"]:            # dQ added into a float32 (B, Hq, Nq, D) by the dK/dV kernel: no dQ kernel
+        tile = plan["one_pass_dkdv"]
+        dq32 = torch.zeros(b, hq, nq, d, device=q.device, dtype=torch.float32)
+        launch(tma_backward._tma_one_pass_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
+            q, do, lse_rows, delta_rows, k, v, dk, dv, *q_strides, *do_strides, lse_rows.stride(-2),
+            *k_strides, *v_strides, *_bhnd(dk, bnhd)[1][:3], *_bhnd(dv, bnhd)[1][:3],
+            b, hq, hkv, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile,
+            DQ32=dq32, ONE_PASS=True, TMA_REDUCE=runtime.ON_GPU)
+        dq.copy_(dq32.transpose(1, 2) if bnhd else dq32)
+        return
     tile = plan["dkdv"]
     launch(tma_backward._tma_dkdv_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
         q, do, lse_rows, delta_rows, k, v, dk, dv, *q_strides, *do_strides, lse_rows.stride(-2),

@@ -33,6 +33,11 @@ tma_backward = load_file(ROOT / "solutions" / "fast_backward_tma.py")
 #: wherever the head dim and strides allow, Triton's CPU interpreter included: for tests).
 KERNELS = "auto"
 
+#: Whether the TMA backward adds dQ in its dK/dV kernel (``one_pass`` of solutions/fast_backward_tma.py)
+#: instead of running a dQ kernel: "auto" times both ways once per shape, where the autotuners run,
+#: and keeps the faster (two kernels on short sequences); "on" or "off" fixes it (tests).
+ONE_PASS = "auto"
+
 _plans: dict[tuple, dict] = {}
 
 
@@ -69,14 +74,31 @@ def _tuned(key: tuple, tma: bool) -> dict:
         sinks = torch.zeros(hq, device=device) if has_sinks else None
         opts = dict(causal=causal, window=window or None, sink_tokens=sink_tokens, sinks=sinks)
         o, lse = forward.flash_attention(q, k, v, **opts)
-        backward.flash_attention_backward(q, k, v, o, lse, torch.randn_like(o), **opts)
+        do = torch.randn_like(o)
+        backward.flash_attention_backward(q, k, v, o, lse, do, **opts)
+        one_pass = False
+        if tma and ONE_PASS != "off":
+            backward.flash_attention_backward(q, k, v, o, lse, do, one_pass=True, **opts)
+            one_pass = ONE_PASS == "on" or _faster(
+                lambda: backward.flash_attention_backward(q, k, v, o, lse, do, one_pass=True, **opts),
+                lambda: backward.flash_attention_backward(q, k, v, o, lse, do, **opts))
         torch.cuda.synchronize(device)
     if tma:
         return {"tma": True, "forward": _tile(tma_forward._tma_forward_kernel.best_config),
                 "dkdv": _tile(tma_backward._tma_dkdv_kernel.best_config),
-                "dq": _tile(tma_backward._tma_dq_kernel.best_config)}
+                "dq": _tile(tma_backward._tma_dq_kernel.best_config), "one_pass": one_pass,
+                "one_pass_dkdv": _tile(tma_backward._tma_one_pass_kernel.best_config) if ONE_PASS != "off"
+                else _tile(tuning.first_entry(tma_backward.ONE_PASS_TILES, d, tma_backward.DKDV_INTERPRETER_TILE))}
     return {"tma": False, "forward": _tile(s9.flash_forward_kernel.best_config),
-            "dkdv": _tile(s9.bwd_dkdv_kernel.best_config), "dq": _tile(s9.bwd_dq_kernel.best_config)}
+            "dkdv": _tile(s9.bwd_dkdv_kernel.best_config), "dq": _tile(s9.bwd_dq_kernel.best_config),
+            "one_pass": False}
+
+
+def _faster(first, second) -> bool:
+    """Whether ``first`` takes less GPU time than ``second`` (medians of a few runs, each warmed up)."""
+    from triton.testing import do_bench
+    return do_bench(first, warmup=5, rep=25, return_mode="median") < do_bench(second, warmup=5, rep=25,
+                                                                               return_mode="median")
 
 
 def _tma_shape(d: int, dtype: torch.dtype, device: torch.device) -> bool:
@@ -93,14 +115,15 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
                 causal: bool, window: int, sink_tokens: int, has_sinks: bool, tma: bool = True) -> dict:
     """Which kernels serve this shape (``"tma"``: True for the TMA kernels, when the strides
     allow) and the tiles of their forward, dK/dV and dQ kernels, cached.  ``tma=False`` asks for
-    stage 9's plan, for a call whose strides the TMA kernels cannot read.
+    stage 9's plan, for a call whose strides the TMA kernels cannot read.  ``"one_pass"``: the
+    TMA backward adds dQ in its dK/dV kernel, with the tile ``"one_pass_dkdv"`` (``ONE_PASS``).
 
     Short sequences take each table's first entry (the interpreter's tile on the CPU), as
     stage 9 does; from ``tuning.TUNE_FROM`` (query, key) pairs on a GPU, what the autotuners
     pick for this shape, timed once.
     """
     key = ((b, hq, hkv, nq, nk, d), dtype, device, causal, window, sink_tokens, has_sinks)
-    plan = _plans.get((key, KERNELS, tma))
+    plan = _plans.get((key, KERNELS, ONE_PASS, tma))
     if plan is None:
         use_tma = tma and _tma_shape(d, dtype, device)
         pad = _pow2(d)
@@ -111,13 +134,16 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
                     "forward": _tile(tuning.first_entry(tma_forward.TMA_TILES, pad, tma_forward.INTERPRETER_TILE)),
                     "dkdv": _tile(tuning.first_entry(tma_backward.DKDV_TILES, pad,
                                                      tma_backward.DKDV_INTERPRETER_TILE)),
-                    "dq": _tile(tuning.first_entry(tma_backward.DQ_TILES, pad, tma_backward.DQ_INTERPRETER_TILE))}
+                    "dq": _tile(tuning.first_entry(tma_backward.DQ_TILES, pad, tma_backward.DQ_INTERPRETER_TILE)),
+                    "one_pass": ONE_PASS == "on",
+                    "one_pass_dkdv": _tile(tuning.first_entry(tma_backward.ONE_PASS_TILES, pad,
+                                                              tma_backward.DKDV_INTERPRETER_TILE))}
         else:
             plan = {"tma": False,
                     "forward": _tile(tuning.first_entry(tuning.FORWARD_TILES, pad, tuning.FORWARD_INTERPRETER_TILE)),
                     "dkdv": _tile(tuning.first_entry(s9.DKDV_TILES, pad, s9.DKDV_INTERPRETER_TILE)),
-                    "dq": _tile(tuning.first_entry(s9.DQ_TILES, pad, s9.DQ_INTERPRETER_TILE))}
-        _plans[(key, KERNELS, tma)] = plan
+                    "dq": _tile(tuning.first_entry(s9.DQ_TILES, pad, s9.DQ_INTERPRETER_TILE)), "one_pass": False}
+        _plans[(key, KERNELS, ONE_PASS, tma)] = plan
     return plan
 
 

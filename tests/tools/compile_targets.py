@@ -143,11 +143,16 @@ def record_launches(source: str) -> list[dict]:
             q, kv = rand(1, 4, 40, d, dtype=torch.float16), rand(1, 2, 40, d, dtype=torch.float16)
             sinks = torch.zeros(4, device=runtime.DEVICE)
             o, lse = tma[0].flash_attention(q, kv, kv, causal=True, window=24, sink_tokens=2, sinks=sinks)
-            tma[1].flash_attention_backward(q, kv, kv, torch.zeros_like(q), torch.zeros_like(q[..., 0]).float(), q,
-                                            causal=True, window=24, sink_tokens=2, sinks=sinks)
+            for one_pass in (False, True):       # dQ in a kernel of its own, or added in the dK/dV kernel
+                tma[1].flash_attention_backward(q, kv, kv, torch.zeros_like(q), torch.zeros_like(q[..., 0]).float(),
+                                                q, causal=True, window=24, sink_tokens=2, sinks=sinks,
+                                                one_pass=one_pass)
     finally:
         knobs.runtime.jit_cache_hook = None
         pass                           # the stand-in driver stays: there is no real one to go back to
+    for x in launches:                 # one kernel, two variants: named apart, each with its own table
+        if _one_pass(x):
+            x["name"] += "/one_pass"
     # The TMA backward runs stage 9's preprocess, compiled under stage 9 already.
     return [x for x in launches if x["stage"] != "tma" or x["name"].startswith("_tma_")]
 
@@ -167,6 +172,7 @@ def tables_for(launch: dict, smem: int, stage9) -> list[tuple[int, int, int, int
     if launch["table"] == "tma":                 # one table per kernel, for sm_90's shared memory
         forward, backward = _tma_modules(launch["source"])
         table = {"_tma_forward_kernel": forward.TMA_TILES, "_tma_dkdv_kernel": backward.DKDV_TILES,
+                 "_tma_dkdv_kernel/one_pass": backward.ONE_PASS_TILES,
                  "_tma_dq_kernel": backward.DQ_TILES}[launch["name"]]
     elif launch["table"] == "forward":
         table = tuning.for_smem(tuning.FORWARD_TILES_BY_SMEM, smem)
@@ -185,7 +191,15 @@ def _gpu_values(launch: dict) -> dict:
         return {"BLOCK_M": 128}          # PREPROCESS_BLOCK_M on a GPU (64 in the interpreter)
     if launch["name"] == "_weighted_row_sum_kernel":
         return {"BLOCK_M": 4}
+    if _one_pass(launch):
+        return {"TMA_REDUCE": True}      # the interpreter adds dQ element by element; a GPU through TMA
     return {}
+
+
+def _one_pass(launch: dict) -> bool:
+    """Whether this is the TMA dK/dV kernel adding dQ in (``one_pass``)."""
+    names = launch["kernel"].arg_names
+    return "ONE_PASS" in names and bool(launch["constants"].get((names.index("ONE_PASS"),)))
 
 
 def _source(kernel) -> str:

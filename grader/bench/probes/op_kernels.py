@@ -14,6 +14,9 @@ Providers:
                     its plan picks (the TMA kernels here), its launch plan and its autograd
     op-bnhd         the same with (B, N, H, D) tensors (``layout="bnhd"``), read where they lie
     op-stage9       the op with stage 9's kernels (``plans.KERNELS = "stage9"``)
+    op-one-pass,    the op with the TMA backward in one pass (dQ added in the dK/dV kernel) or in
+    op-two-kernels  two kernels (``plans.ONE_PASS = "on"`` or ``"off"``; ``op`` lets the plan time
+                    both and keep the faster)
     cudnn, fa2      SDPA's cuDNN and FlashAttention-2 backends (no window, no sinks: for the
                     gpt-oss cases they compute full causal attention without sinks, a floor)
     flex            FlexAttention compiled, with the case's mask and learned sinks through its lse
@@ -119,10 +122,12 @@ def main() -> int:
             except Exception as e:          # a probe reports and goes on
                 record(case, name, None, None, f"failed: {type(e).__name__}: {str(e)[:300]}")
         for name, layout, kernels in (("op", "bhnd", "auto"), ("op-bnhd", "bnhd", "auto"),
-                                      ("op-stage9", "bhnd", "stage9")):
+                                      ("op-stage9", "bhnd", "stage9"), ("op-one-pass", "bhnd", "auto"),
+                                      ("op-two-kernels", "bhnd", "auto")):
             if name not in wanted:
                 continue
             op.plans.KERNELS = kernels
+            op.plans.ONE_PASS = {"op-one-pass": "on", "op-two-kernels": "off"}.get(name, "auto")
             try:
                 if layout == "bnhd":
                     qq, kk, vv, dd = (t.transpose(1, 2).contiguous() for t in (q, k, v, do))   # (B, N, H, D)
@@ -142,11 +147,12 @@ def main() -> int:
                 b_ms = bench(lambda: torch.autograd.grad(o, inputs, dd, retain_graph=True))
                 plan = op.launch_plan(case["b"], case["hq"], case["hkv"], case["n"], case["n"], case["d"],
                                       torch.bfloat16, q.device, case["causal"], case["window"] or 0, 0, case["sinks"])
-                record(case, name, f_ms, b_ms, "TMA kernels" if plan["tma"] else "stage 9's kernels")
+                record(case, name, f_ms, b_ms, ("TMA kernels" + (", one-pass backward" if plan["one_pass"] else ""))
+                       if plan["tma"] else "stage 9's kernels")
             except Exception as e:
                 record(case, name, None, None, f"failed: {type(e).__name__}: {str(e)[:300]}")
             finally:
-                op.plans.KERNELS = "auto"
+                op.plans.KERNELS, op.plans.ONE_PASS = "auto", "auto"
         if case["window"] is None:
             for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
                 if name not in wanted:
