@@ -143,7 +143,7 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, desc_dq, DQ3
             if TMA_REDUCE:                                                         # rows past N_Q are clipped
                 desc_dq.atomic_add([b, h0 + g, start_m, 0], dq.reshape(1, 1, BLOCK_M, HEAD_DIM_PAD))
             else:
-                at = ((b * H_Q + h0 + g) * N_Q + rows).to(tl.int64)[:, None] * HEAD_DIM_PAD
+                at = ((b * H_Q + h0 + g).to(tl.int64) * N_Q + rows)[:, None] * HEAD_DIM_PAD
                 tl.atomic_add(DQ32 + at + tl.arange(0, HEAD_DIM_PAD)[None, :], dq, mask=(rows < N_Q)[:, None],
                               sem="relaxed")
     return dk, dv
@@ -190,8 +190,8 @@ def _tma_dkdv_kernel(
     desc_delta = tl.make_tensor_descriptor(DELTA, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
                                            block_shape=[1, BLOCK_M])
     if ONE_PASS:
-        desc_dq = tiles_of(DQ32, B, H_Q, N_Q, H_Q * N_Q * HEAD_DIM_PAD, N_Q * HEAD_DIM_PAD, HEAD_DIM_PAD, BLOCK_M,
-                           HEAD_DIM_PAD)
+        row_stride = tl.cast(N_Q, tl.int64) * HEAD_DIM_PAD          # int64: a large dQ outgrows int32
+        desc_dq = tiles_of(DQ32, B, H_Q, N_Q, H_Q * row_stride, row_stride, HEAD_DIM_PAD, BLOCK_M, HEAD_DIM_PAD)
         if N_Q < 0:      # never: torch.compile's analysis of what a kernel writes (torch 2.11-2.13) does
             tl.store(DQ32, 0.0)   # not count a TMA reduce-add; this store, never run, tells it DQ32 is written
     else:
