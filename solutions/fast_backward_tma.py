@@ -161,7 +161,7 @@ def _tma_dkdv_kernel(
     B, H_Q, H_KV, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    DQ32=None, ONE_PASS: tl.constexpr = False, TMA_REDUCE: tl.constexpr = False,   # (B, Hq, N_Q, D) float32, zeroed
+    DQ32, ONE_PASS: tl.constexpr, TMA_REDUCE: tl.constexpr,   # DQ32: (B, Hq, N_Q, D) float32, zeroed, or None
 ):
     sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile
     pid_n = tl.program_id(0)                     # which block of keys
@@ -382,7 +382,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
         q, do, lse_rows, delta_rows, k, v, dk, dv, *q.stride()[:3], *do.stride()[:3], lse_rows.stride(0),
         *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        B, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, **flags, **dkdv_tile)
+        B, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, **flags, **dkdv_tile,
+        DQ32=None, ONE_PASS=False, TMA_REDUCE=False)
 
     # 3. dQ: one program per (block of positions, batch x PACK query heads of a group).
     dq = torch.empty_like(q)                                                  # q's strides

@@ -247,6 +247,12 @@ def test_which_kernels_a_call_takes(op, monkeypatch):
     monkeypatch.setattr(op.plans, "ONE_PASS", "on")             # dQ added in the dK/dV kernel: no dQ kernel
     assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
         "_tma_forward_kernel", "_bwd_preprocess_kernel", "_tma_dkdv_kernel"]
+    torch.use_deterministic_algorithms(True, warn_only=True)    # then the additions' order must not vary
+    try:
+        assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
+            "_tma_forward_kernel", "_bwd_preprocess_kernel", "_tma_dkdv_kernel", "_tma_dq_kernel"]
+    finally:
+        torch.use_deterministic_algorithms(False)
     monkeypatch.setattr(op.plans, "ONE_PASS", "off")
     monkeypatch.setattr(op.plans, "KERNELS", "stage9")           # the same call, the choice kept per setting
     assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
@@ -390,6 +396,8 @@ def test_kept_kernels_give_tritons_results(op, kernels):
         finally:
             op.launch.DIRECT_LAUNCH = True
     assert op.launch._compiled, "the eager path kept no compiled kernel"
+    kept = [x for _, _, tail, _ in op.launch._compiled.values() for x in tail if isinstance(x, torch.Tensor)]
+    assert not kept, "a kept launch holds a call's tensor (the one-pass dQ buffer) past its call"
     for i in range(len(cases)):
         for call in range(2):
             for name, a, b in zip(("o", "dq", "dk", "dv", "dsinks"), runs[True, i, call], runs[False, i, 0]):

@@ -90,8 +90,10 @@ class _Launch:
                 return
             compiled = kernel[grid](*args, **meta)
             params = list(kernel.signature.parameters.values())[len(args):]
-            tail = tuple(meta[p.name] if p.name in meta else p.default for p in params)
             tensors = tuple((i, p.name) for i, p in enumerate(params) if isinstance(meta.get(p.name), torch.Tensor))
+            # tensors given by name are kept as None: each call passes its own, and none outlives its call
+            tail = tuple(None if isinstance(meta.get(p.name), torch.Tensor) else meta[p.name] if p.name in meta
+                         else p.default for p in params)
             _compiled[(id(kernel), key)] = (compiled, torch.cuda.current_device(), tail, tensors)
         return run
 
@@ -220,7 +222,9 @@ def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sin
     # the TMA backward's _stat_rows copies them into padded rows when Nq is not a multiple of 4 or
     # a caller's lse starts elsewhere.
     lse_rows, delta_rows = (tma_backward._stat_rows(x, b * hq, nq) for x in (lse, delta))
-    if plan["one_pass"]:            # dQ added into a float32 (B, Hq, Nq, D) by the dK/dV kernel: no dQ kernel
+    # dQ added into a float32 (B, Hq, Nq, D) by the dK/dV kernel, no dQ kernel; not where PyTorch is
+    # asked for deterministic algorithms (the additions come in any order).
+    if plan["one_pass"] and not torch.are_deterministic_algorithms_enabled():
         tile = plan["one_pass_dkdv"]
         dq32 = torch.zeros(b, hq, nq, d, device=q.device, dtype=torch.float32)
         launch(tma_backward._tma_one_pass_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
@@ -234,7 +238,8 @@ def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sin
     launch(tma_backward._tma_dkdv_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
         q, do, lse_rows, delta_rows, k, v, dk, dv, *q_strides, *do_strides, lse_rows.stride(-2),
         *k_strides, *v_strides, *_bhnd(dk, bnhd)[1][:3], *_bhnd(dv, bnhd)[1][:3],
-        b, hq, hkv, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
+        b, hq, hkv, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile,
+        DQ32=None, ONE_PASS=False, TMA_REDUCE=False)
     tile = plan["dq"]
     launch(tma_backward._tma_dq_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
         k, v, q, do, dq, lse, delta, *k_strides, *v_strides, *q_strides, *do_strides, *_bhnd(dq, bnhd)[1][:3],

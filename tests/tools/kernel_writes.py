@@ -14,6 +14,7 @@ tests/tools/compile_targets.py arranges.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -30,8 +31,9 @@ def writes(kernel, tensors: dict, scalars: dict) -> list[str]:
     """The arguments the analysis takes ``kernel`` to write, by name."""
     from torch._higher_order_ops import triton_kernel_wrap as wrap
     kwargs = {name: x for name, x in {**tensors, **scalars}.items() if name in kernel.arg_names}
-    for name in kernel.arg_names:                     # the strides, in the kernel's order: 1s will do
-        kwargs.setdefault(name, 1)
+    for p in kernel.params:                           # the strides, in the kernel's order: 1s will do
+        if p.default is inspect.Parameter.empty:      # an argument with a default is left out, as calls may
+            kwargs.setdefault(p.name, 1)
     if hasattr(wrap, "identify_accessed_tensors"):                   # torch 2.12 and later
         return sorted(d.name for d in wrap.identify_accessed_tensors(kernel, kwargs, {}).read_writes.writes)
     return sorted(wrap.identify_mutated_tensors(kernel, kwargs, {}))   # torch 2.11
@@ -81,8 +83,9 @@ def tma_writes(solutions: Path, q, k, v, o, lse, sinks, do, dq, dk, dv, delta) -
         "tma_dkdv": writes(bwd._tma_dkdv_kernel.fn, dict(Q=q, DO=do, LSE=lse, DELTA=delta, K=k, V=v, DK=dk, DV=dv),
                            dict(sizes, **strides(bwd._tma_dkdv_kernel), H_KV=hkv, DQ32=None, ONE_PASS=False,
                                 TMA_REDUCE=False)),
-        "tma_one_pass": writes(bwd._tma_dkdv_kernel.fn, dict(Q=q, DO=do, LSE=lse, DELTA=delta, K=k, V=v, DK=dk, DV=dv,
-                                                             DQ32=torch.empty(q.shape, dtype=torch.float32)),
+        "tma_one_pass": writes(bwd._tma_one_pass_kernel.fn,
+                               dict(Q=q, DO=do, LSE=lse, DELTA=delta, K=k, V=v, DK=dk, DV=dv,
+                                    DQ32=torch.empty(q.shape, dtype=torch.float32)),
                                dict(sizes, **strides(bwd._tma_dkdv_kernel), H_KV=hkv, ONE_PASS=True, TMA_REDUCE=True)),
         "tma_dq": writes(bwd._tma_dq_kernel.fn, dict(K=k, V=v, Q=q, DO=do, DQ=dq, LSE=lse, DELTA=delta),
                          dict(sizes, **strides(bwd._tma_dq_kernel), PACK=4)),
