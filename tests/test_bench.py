@@ -378,3 +378,23 @@ def test_the_spill_table_in_the_notes_is_the_committed_probe_s():
     lines = probe.summary(doc["rows"])
     assert len(lines) > 2 and all(line in notes for line in lines), "\n".join(lines)
     assert f"Triton {doc['triton']}" in notes and not [r for r in doc["rows"] if "error" in r]
+
+
+def test_the_one_pass_table_in_the_notes_is_the_committed_run_s():
+    """docs/hopper-notes.md's section 6 gives, for each case of docs/hopper-probe-one-pass-h200.json
+    that cuDNN ran, the backward TFLOP/s of cuDNN, main's TMA backward and the branch's two
+    backwards, and their speed against main's, all from that one run."""
+    rows = json.loads((ROOT / "docs" / "hopper-probe-one-pass-h200.json").read_text())["rows"]
+    by_case: dict = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["provider"]] = r
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    lines = []
+    for case, of in by_case.items():
+        if "cudnn" not in of:
+            continue
+        main = of["tma-main"]["bwd_ms"]
+        cells = [f"{of[p]['bwd_tflops']:.0f}" for p in ("cudnn", "tma-main", "op-two-kernels", "op-one-pass")]
+        cells += [f"{main / of[p]['bwd_ms']:.2f}x" for p in ("op-two-kernels", "op-one-pass")]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    assert len(lines) == 5 and all(line in notes for line in lines), "\n".join(lines)
