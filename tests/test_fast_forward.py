@@ -137,3 +137,22 @@ def test_gpu_long_sequences_in_bfloat16(fast, mask):
     q, k, v = _inputs(1, 4, 2, 2048, 2048, 128, torch.bfloat16)       # 2048 x 2048 pairs: the autotuner runs
     o, lse = fast.flash_attention(q, k, v, **mask)
     _check(o[:, :2], lse[:, :2], q[:, :2], k[:, :1], v[:, :1], **mask)
+
+
+@pytest.mark.parametrize("variant", ["plain", "split", "lazy", "split+lazy"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_split_query_probe_s_kernel_matches_the_float64_reference(variant, causal):
+    """grader/bench/probes/split_q_forward.py times a forward with two query halves a program and
+    a lazy rescale; each variant is judged here as the TMA forward is, so that the probe never times
+    a wrong kernel.  Keys that grow along the sequence make a row's maximum grow by more than
+    float32's range from its first key block to its last: a lazy rescale that waits too long
+    overflows."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("split_q_forward",
+                                                  ROOT / "grader" / "bench" / "probes" / "split_q_forward.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    q, k, v = _inputs(1, 2, 2, 64, 64, 16, torch.float32, seed=5)
+    k = k * torch.linspace(0.1, 30.0, 64, device=DEVICE)[:, None]       # later keys: logits up to ~300 (log2)
+    o, lse = probe.forward(q, k, v, causal, (32, 16, 4, 1), *probe.VARIANTS[variant])
+    _check(o, lse, q, k, v, causal=causal)
