@@ -398,3 +398,37 @@ def test_the_one_pass_table_in_the_notes_is_the_committed_run_s():
         cells += [f"{main / of[p]['bwd_ms']:.2f}x" for p in ("op-two-kernels", "op-one-pass")]
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
     assert len(lines) == 5 and all(line in notes for line in lines), "\n".join(lines)
+
+
+def test_the_minimal_one_pass_table_in_the_notes_is_the_committed_probe_s():
+    """Section 6's table of the minimal one-pass backward is docs/hopper-probe-fused-dq-h200.json's:
+    backward TFLOP/s of cuDNN, the TMA backward and the two one-pass variants, and their speed
+    against the TMA backward, from one run."""
+    rows = json.loads((ROOT / "docs" / "hopper-probe-fused-dq-h200.json").read_text())["rows"]
+    by_case: dict = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["provider"]] = r
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    lines = []
+    for case, of in by_case.items():
+        two = of["tma"]["bwd_ms"]
+        cells = [f"{of[p]['bwd_tflops']:.0f}" for p in ("cudnn", "tma", "fused-tma", "fused-atomic")]
+        cells += [f"{two / of[p]['bwd_ms']:.2f}x" for p in ("fused-tma", "fused-atomic")]
+        lines.append(f"  | {case} | " + " | ".join(cells) + " |")
+    assert len(lines) == 4 and all(line in notes for line in lines), "\n".join(lines)
+
+
+def test_the_split_query_table_in_the_notes_is_the_committed_probe_s():
+    """Section 7's table is what grader/bench/probes/split_q_forward.py's summary makes of the JSON
+    committed beside it, and every tile that ran was checked (the probe records a wrong one as an
+    error)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("split_q_forward",
+                                                  ROOT / "grader" / "bench" / "probes" / "split_q_forward.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    doc = json.loads((ROOT / "docs" / "hopper-probe-split-q-h200.json").read_text())
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    lines = probe.summary(doc["rows"])
+    assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
+    assert not [r for r in doc["rows"] if "error" in r] and doc["gpu"] in notes
