@@ -365,14 +365,39 @@ def test_readme_op_ratios_are_the_committed_probe_s():
         assert f"{fwd.removesuffix('x')}x/{bwd} {words}" in readme, (other, fwd, bwd)
 
 
+def _probe(name: str):
+    """grader/bench/probes/<name>.py as a module (the probes are scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, ROOT / "grader" / "bench" / "probes" / f"{name}.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe
+
+
+def _rows_by_case(name: str) -> dict:
+    """docs/<name>'s rows as ``{case: {provider: row}}``."""
+    by_case: dict = {}
+    for r in json.loads((ROOT / "docs" / name).read_text())["rows"]:
+        by_case.setdefault(r["case"], {})[r["provider"]] = r
+    return by_case
+
+
+def _backward_rows(name: str, base: str, others: tuple) -> list[str]:
+    """Table rows of docs/<name>: per case that cuDNN ran, the backward TFLOP/s of cuDNN, ``base``
+    and ``others``, then each of ``others`` as a speed against ``base``, all from the JSON."""
+    lines = []
+    for case, of in _rows_by_case(name).items():
+        if "cudnn" in of:
+            cells = [f"{of[p]['bwd_tflops']:.0f}" for p in ("cudnn", base, *others)]
+            cells += [f"{of[base]['bwd_ms'] / of[p]['bwd_ms']:.2f}x" for p in others]
+            lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def test_the_spill_table_in_the_notes_is_the_committed_probe_s():
     """docs/hopper-notes.md's table of spilling tiles is what grader/bench/probes/register_spills.py's
     summary makes of the JSON committed beside it."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("register_spills",
-                                                  ROOT / "grader" / "bench" / "probes" / "register_spills.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = _probe("register_spills")
     doc = json.loads((ROOT / "docs" / "hopper-probe-register-spills.json").read_text())
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
     lines = probe.summary(doc["rows"])
@@ -384,19 +409,8 @@ def test_the_one_pass_table_in_the_notes_is_the_committed_run_s():
     """docs/hopper-notes.md's section 6 gives, for each case of docs/hopper-probe-one-pass-h200.json
     that cuDNN ran, the backward TFLOP/s of cuDNN, main's TMA backward and the branch's two
     backwards, and their speed against main's, all from that one run."""
-    rows = json.loads((ROOT / "docs" / "hopper-probe-one-pass-h200.json").read_text())["rows"]
-    by_case: dict = {}
-    for r in rows:
-        by_case.setdefault(r["case"], {})[r["provider"]] = r
+    lines = _backward_rows("hopper-probe-one-pass-h200.json", "tma-main", ("op-two-kernels", "op-one-pass"))
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    lines = []
-    for case, of in by_case.items():
-        if "cudnn" not in of:
-            continue
-        main = of["tma-main"]["bwd_ms"]
-        cells = [f"{of[p]['bwd_tflops']:.0f}" for p in ("cudnn", "tma-main", "op-two-kernels", "op-one-pass")]
-        cells += [f"{main / of[p]['bwd_ms']:.2f}x" for p in ("op-two-kernels", "op-one-pass")]
-        lines.append(f"| {case} | " + " | ".join(cells) + " |")
     assert len(lines) == 5 and all(line in notes for line in lines), "\n".join(lines)
 
 
@@ -404,17 +418,9 @@ def test_the_minimal_one_pass_table_in_the_notes_is_the_committed_probe_s():
     """Section 6's table of the minimal one-pass backward is docs/hopper-probe-fused-dq-h200.json's:
     backward TFLOP/s of cuDNN, the TMA backward and the two one-pass variants, and their speed
     against the TMA backward, from one run."""
-    rows = json.loads((ROOT / "docs" / "hopper-probe-fused-dq-h200.json").read_text())["rows"]
-    by_case: dict = {}
-    for r in rows:
-        by_case.setdefault(r["case"], {})[r["provider"]] = r
+    lines = ["  " + line for line in _backward_rows("hopper-probe-fused-dq-h200.json", "tma",
+                                                    ("fused-tma", "fused-atomic"))]
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    lines = []
-    for case, of in by_case.items():
-        two = of["tma"]["bwd_ms"]
-        cells = [f"{of[p]['bwd_tflops']:.0f}" for p in ("cudnn", "tma", "fused-tma", "fused-atomic")]
-        cells += [f"{two / of[p]['bwd_ms']:.2f}x" for p in ("fused-tma", "fused-atomic")]
-        lines.append(f"  | {case} | " + " | ".join(cells) + " |")
     assert len(lines) == 4 and all(line in notes for line in lines), "\n".join(lines)
 
 
@@ -422,11 +428,7 @@ def test_the_split_query_table_in_the_notes_is_the_committed_probe_s():
     """Section 7's table is what grader/bench/probes/split_q_forward.py's summary makes of the JSON
     committed beside it, and every tile that ran was checked (the probe records a wrong one as an
     error)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("split_q_forward",
-                                                  ROOT / "grader" / "bench" / "probes" / "split_q_forward.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = _probe("split_q_forward")
     doc = json.loads((ROOT / "docs" / "hopper-probe-split-q-h200.json").read_text())
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
     lines = probe.summary(doc["rows"])

@@ -22,9 +22,10 @@ On the CPU tests/test_fast_forward.py runs the kernel in Triton's interpreter ag
 reference. docs/hopper-notes.md says what it measured.
 """
 import argparse
-import itertools
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -166,14 +167,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "split-q.json"))
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from warp_specialized_dense import dense_cases  # the same four cases, inputs and reference
     rows = []
-    for D, causal in itertools.product((64, 128), (False, True)):
-        B, H, N = 4, 16, 4096
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        flops = 4 * B * H * D * (N * (N + 1) / 2 if causal else N * N)
-        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
-        case = f"B{B} H{H} N{N} D{D}" + (" causal" if causal else "")
+    for D, causal, (q, k, v), flops, ref in dense_cases():
+        case = f"B4 H16 N4096 D{D}" + (" causal" if causal else "")
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             ms = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
                           rep=300, return_mode="median")

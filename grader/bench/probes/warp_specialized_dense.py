@@ -68,15 +68,22 @@ def run(q, k, v, causal, bm, bn, warps, stages, ws):
     return o
 
 
-def main():
-    out = os.environ.get("OUT", "/tmp")
-    rows = []
+def dense_cases():
+    """The probes' four dense cases, B4 H16 N4096 bfloat16 at D64 and D128, causal and not: yields
+    ``(D, causal, (q, k, v), flops, ref)`` with ref float32 SDPA's output."""
     for D, causal in itertools.product((64, 128), (False, True)):
         B, H, N = 4, 16, 4096
         torch.manual_seed(0)
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * B * H * D * (N * (N + 1) / 2 if causal else N * N)
-        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        yield D, causal, (q, k, v), flops, F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                                           is_causal=causal)
+
+
+def main():
+    out = os.environ.get("OUT", "/tmp")
+    rows = []
+    for D, causal, (q, k, v), flops, ref in dense_cases():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             cud = flops / do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                                    rep=300, return_mode="median") / 1e9
