@@ -434,3 +434,13 @@ def test_the_split_query_table_in_the_notes_is_the_committed_probe_s():
     lines = probe.summary(doc["rows"])
     assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
     assert not [r for r in doc["rows"] if "error" in r] and doc["gpu"] in notes
+
+
+def test_the_wgmma_table_in_the_notes_is_the_committed_probe_s():
+    """Section 8's table is what grader/bench/probes/wgmma_forward.py's summary makes of the JSON
+    committed beside it; no configuration that ran gave a wrong output."""
+    doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-forward-h200.json").read_text())
+    lines = _probe("wgmma_forward").summary(doc["rows"])
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
+    assert not [r for r in doc["rows"] if "error" in r] and doc["gpu"] in notes
