@@ -444,3 +444,13 @@ def test_the_wgmma_table_in_the_notes_is_the_committed_probe_s():
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
     assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
     assert not [r for r in doc["rows"] if "error" in r] and doc["gpu"] in notes
+
+
+def test_the_backward_kernels_table_in_the_notes_is_the_committed_probe_s():
+    """Section 9's table is what grader/bench/probes/backward_kernels.py's summary makes of the JSON
+    committed beside it."""
+    doc = json.loads((ROOT / "docs" / "hopper-probe-backward-kernels-h200.json").read_text())
+    lines = _probe("backward_kernels").summary(doc["rows"])
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
+    assert doc["gpu"] in notes
