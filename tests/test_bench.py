@@ -257,14 +257,18 @@ def test_json_rows_round_trip(tmp_path):
     assert written["torch"] == torch.__version__ and written["device"]
 
 
-def test_the_performance_page_is_generated_from_the_committed_json():
-    """docs/performance.md is what `bench report` makes of docs/bench-h100.json: it cannot drift."""
+@pytest.mark.parametrize("source, page_name, device", [
+    ("bench-h100.json", "performance", "NVIDIA H100"),
+    ("bench-stage9-h200.json", "performance-stage9-h200", "NVIDIA H200"),    # H100 and H200 runs kept apart
+])
+def test_the_performance_page_is_generated_from_the_committed_json(source, page_name, device):
+    """Each performance page is what `bench report` makes of its committed JSON: it cannot drift."""
     from grader.bench import report as bench_report
-    page = bench_report.render("docs/bench-h100.json", chart="performance.png")
-    assert (ROOT / "docs" / "performance.md").read_text() == page
-    assert (ROOT / "docs" / "performance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    meta, rows = bench_report.load(ROOT / "docs" / "bench-h100.json")
-    assert meta["device"].startswith("NVIDIA") and rows
+    page = bench_report.render(f"docs/{source}", chart=f"{page_name}.png")
+    assert (ROOT / "docs" / f"{page_name}.md").read_text() == page
+    assert (ROOT / "docs" / f"{page_name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    meta, rows = bench_report.load(ROOT / "docs" / source)
+    assert meta["device"].startswith(device) and rows
     for r in rows:   # every measured TFLOP/s the JSON holds is on the page
         if r["tflops"]:
             assert f"{r['tflops']:.0f}" in page
@@ -454,3 +458,31 @@ def test_the_backward_kernels_table_in_the_notes_is_the_committed_probe_s():
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
     assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
     assert doc["gpu"] in notes
+
+
+def test_the_report_rates_the_op_against_the_others_as_it_rates_the_solution(tmp_path):
+    """The op is what a user calls: the page gives its speed against cuDNN, FA2 and FlexAttention,
+    not the solution's against the op's."""
+    from grader.bench import report as bench_report
+    rows = [dict(stage="stage9", case="c fwd", provider=p, ms=1.0, tflops=t, peak_mib=None, input_mib=None, note="")
+            for p, t in (("solution", 300.0), ("op", 400.0), ("sdpa-cudnn", 500.0), ("flex", 200.0))]
+    (tmp_path / "rows.json").write_text(json.dumps(dict(device="NVIDIA H200", rows=rows)))
+    page = bench_report.render(tmp_path / "rows.json")
+    header = next(line for line in page.splitlines() if line.startswith("| case |"))
+    assert "op vs sdpa-cudnn" in header and "op vs flex" in header and "solution vs op" not in header
+    assert "| c fwd | 300 | 400 | 500 | 200 | 0.60x | 1.50x | 0.80x | 2.00x |" in page
+
+
+def test_the_notes_ranges_for_the_op_on_the_h200_are_the_committed_bench_s():
+    """docs/hopper-notes.md's line on the H200 stage 9 bench gives the ranges of the op's speed that
+    docs/bench-stage9-h200.json holds, against each provider timed beside it."""
+    rows = json.loads((ROOT / "docs" / "bench-stage9-h200.json").read_text())["rows"]
+    get = {(r["case"], r["provider"]): r["tflops"] for r in rows}
+
+    def span(other, having=""):
+        ratios = [get[c, "op"] / get[c, other] for c, p in get if p == other and having in c
+                  and get.get((c, "op")) and get[c, other]]
+        return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+    notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
+    assert (f"the op at {span('sdpa-cudnn')} cuDNN, {span('sdpa-flash')} FA2, and {span('flex')} FlexAttention "
+            f"({span('flex', 'W128 ')} at window 128, {span('flex', 'W1024 ')} at window 1024)") in notes

@@ -101,7 +101,7 @@ def render(path: str | Path, *, device: str | None = None, software: str | None 
         names = list(dict.fromkeys(r["provider"] for r in mine))
         cases = list(dict.fromkeys(r["case"] for r in mine))
         get = {(r["case"], r["provider"]): r for r in mine}
-        ours = [n for n in names if n.startswith("solution")]       # the reference and its variants
+        ours = [n for n in names if n.startswith("solution") or n == "op"]   # the reference, its variants, the op
         pairs = [(a, b) for a in ours for b in names if b not in ours]
         out += [f"## {stage}", "", "TFLOP/s, and the workbook's kernels' speed relative to the others:", "",
                 "| case | " + " | ".join(names) + "".join(f" | {a} vs {b}" for a, b in pairs) + " |",
