@@ -19,14 +19,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
+from kernels import cuda_build  # noqa: E402
 from kernels.loader import ROOT, load_file  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-# (block_n, consumer warpgroups, stages) per head dim; the first is the kernel's own plan
-CONFIGS = {64: [(128, 3, 2), (128, 2, 2), (64, 3, 2), (128, 2, 3), (192, 2, 2)],
-           128: [(96, 3, 2), (128, 2, 2), (64, 3, 2), (128, 2, 3), (80, 3, 2), (112, 2, 2), (64, 3, 3)]}
+# (block_n, consumer warpgroups, stages) per head dim, timed beside the kernel's own plan
+OTHERS = {64: [(128, 2, 2), (64, 3, 2), (128, 2, 3), (192, 2, 2)],
+          128: [(128, 2, 2), (64, 3, 2), (128, 2, 3), (80, 3, 2), (112, 2, 2), (64, 3, 3)]}
+
+
+def configs(wgmma, head_dim: int) -> list[tuple[int, int, int]]:
+    """The kernel's planned configuration for ``head_dim``, then the others."""
+    plan = tuple(wgmma.plan(head_dim))
+    return [plan] + [c for c in OTHERS[head_dim] if c != plan]
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -52,7 +59,7 @@ def main():
     wgmma = load_file(ROOT / "solutions" / "fast_variable_block_wgmma.py")
     tma = load_file(ROOT / "solutions" / "fast_forward_tma.py")
     with ThreadPoolExecutor(8) as pool:                       # nvcc, once per configuration, in parallel
-        list(pool.map(lambda job: wgmma._kernel(*job), [(d, *c) for d in CONFIGS for c in CONFIGS[d]]))
+        list(pool.map(lambda job: wgmma._kernel(*job), [(d, *c) for d in OTHERS for c in configs(wgmma, d)]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from warp_specialized_dense import dense_cases
     rows = []
@@ -75,12 +82,13 @@ def main():
         def fast():
             return tma.flash_attention(q, k, v, causal=causal)
         record("tma", fast, fast()[0])
-        for bn, wg, st in CONFIGS[D]:
+        for bn, wg, st in configs(wgmma, D):
             def run(bn=bn, wg=wg, st=st):
                 return wgmma.flash_attention(q, k, v, causal=causal, block_n=bn, warpgroups=wg, stages=st)
             record(f"wgmma {bn}/{wg}wg/{st}s", run, run()[0])
     with open(args.json, "w") as f:
-        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        nvcc = ".".join(map(str, cuda_build.nvcc_release() or ("not found",)))
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, nvcc=nvcc,
                        rows=rows), f, indent=1)
     print("\n".join(summary(rows)))
     return 0
