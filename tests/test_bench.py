@@ -386,6 +386,11 @@ def _rows_by_case(name: str) -> dict:
     return by_case
 
 
+def _names_its_run(notes: str, doc: dict) -> bool:
+    """Whether the notes name the GPU and the versions a probe's JSON recorded, as one phrase."""
+    return f"{doc['gpu']} (torch {doc['torch']}, triton {doc['triton']}" in " ".join(notes.split())
+
+
 def _backward_rows(name: str, base: str, others: tuple) -> list[str]:
     """Table rows of docs/<name>: per case that cuDNN ran, the backward TFLOP/s of cuDNN, ``base``
     and ``others``, then each of ``others`` as a speed against ``base``, all from the JSON."""
@@ -437,7 +442,7 @@ def test_the_split_query_table_in_the_notes_is_the_committed_probe_s():
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
     lines = probe.summary(doc["rows"])
     assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
-    assert not [r for r in doc["rows"] if "error" in r] and doc["gpu"] in notes
+    assert not [r for r in doc["rows"] if "error" in r] and _names_its_run(notes, doc)
 
 
 def test_the_wgmma_table_in_the_notes_is_the_committed_probe_s():
@@ -447,7 +452,8 @@ def test_the_wgmma_table_in_the_notes_is_the_committed_probe_s():
     lines = _probe("wgmma_forward").summary(doc["rows"])
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
     assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
-    assert not [r for r in doc["rows"] if "error" in r] and doc["gpu"] in notes
+    assert not [r for r in doc["rows"] if "error" in r] and _names_its_run(notes, doc)
+    assert f"nvcc {doc['nvcc']}" in notes, "the notes name the CUDA compiler the run built with"
 
 
 def test_the_backward_kernels_table_in_the_notes_is_the_committed_probe_s():
@@ -457,7 +463,7 @@ def test_the_backward_kernels_table_in_the_notes_is_the_committed_probe_s():
     lines = _probe("backward_kernels").summary(doc["rows"])
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
     assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
-    assert doc["gpu"] in notes
+    assert _names_its_run(notes, doc)
 
 
 def test_the_report_rates_the_op_against_the_others_as_it_rates_the_solution(tmp_path):

@@ -139,20 +139,44 @@ def test_gpu_long_sequences_in_bfloat16(fast, mask):
     _check(o[:, :2], lse[:, :2], q[:, :2], k[:, :1], v[:, :1], **mask)
 
 
+def _max_growth(q, k, causal, first_keys):
+    """The most any row's running maximum (log2 units, the kernels' scale) grows from its first
+    block of ``first_keys`` keys to the end, in float64."""
+    s = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5 * 1.4426950408889634
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return (s.amax(-1) - s[..., :first_keys].amax(-1)).max().item()
+
+
+def _growing_inputs(kind):
+    """Inputs whose row maxima grow past float32's range (2**128) after the first key block:
+    ``all`` rows at once (keys that grow along the sequence), or ``one`` row alone (one query and
+    one later key that meet in a coordinate no other row or key uses)."""
+    q, k, v = _inputs(1, 2, 2, 64, 64, 16, torch.float32, seed=5)
+    if kind == "all":
+        return q, k * torch.linspace(0.1, 60.0, 64, device=DEVICE)[:, None], v
+    q, k = q.clone(), k.clone()
+    q[..., 0], k[..., 0] = 0.0, 0.0
+    q[0, 0, 50, 0] = k[0, 0, 40, 0] = 40.0                  # row 50 meets key 40: logit 400 / 4 (x log2 e)
+    return q, k, v
+
+
+@pytest.mark.parametrize("kind", ["all", "one"])
 @pytest.mark.parametrize("variant", ["plain", "split", "lazy", "split+lazy"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_split_query_probe_s_kernel_matches_the_float64_reference(variant, causal):
+def test_the_split_query_probe_s_kernel_matches_the_float64_reference(variant, causal, kind):
     """grader/bench/probes/split_q_forward.py times a forward with two query halves a program and
     a lazy rescale; each variant is judged here as the TMA forward is, so that the probe never times
-    a wrong kernel.  Keys that grow along the sequence make a row's maximum grow by more than
-    float32's range from its first key block to its last: a lazy rescale that waits too long
-    overflows."""
+    a wrong kernel.  In both kinds of input some row's maximum grows by more than float32's range
+    after its first key block, so a lazy rescale that waits too long overflows, and with ``one``
+    only one row's does, so a test on the rows' smallest growth misses it."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("split_q_forward",
                                                   ROOT / "grader" / "bench" / "probes" / "split_q_forward.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    q, k, v = _inputs(1, 2, 2, 64, 64, 16, torch.float32, seed=5)
-    k = k * torch.linspace(0.1, 30.0, 64, device=DEVICE)[:, None]       # later keys: logits up to ~300 (log2)
+    q, k, v = _growing_inputs(kind)
+    assert _max_growth(q, k, causal, first_keys=16) > 128
     o, lse = probe.forward(q, k, v, causal, (32, 16, 4, 1), *probe.VARIANTS[variant])
     _check(o, lse, q, k, v, causal=causal)
