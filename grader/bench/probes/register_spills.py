@@ -29,7 +29,7 @@ if __name__ == "__main__":
         raise SystemExit("register_spills: triton was imported before the interpreter could be turned off")
     os.environ.pop("TRITON_INTERPRET", None)
 
-FLOAT32 = {"LSE", "DELTA", "SINKS", "DQ32"}               # the kernels' float32 pointers; the others are bf16
+FLOAT32 = {"LSE", "DELTA", "SINKS"}               # the kernels' float32 pointers; the others are bf16
 SIZES = {"B", "H", "H_Q", "H_KV", "GROUP", "N_Q", "N_K", "WINDOW", "SINK_TOKENS", "STAT_STRIDE"}
 
 
@@ -54,7 +54,7 @@ def _ptxas() -> str:
     return str(shipped) if shipped.exists() else "ptxas"
 
 
-def measure(kernel, tile, head_dim: int, masked: bool, extra: dict) -> dict:
+def measure(kernel, tile, head_dim: int, masked: bool) -> dict:
     """Compile one configuration for sm_90a; its shared memory, registers and spill stores."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -62,8 +62,7 @@ def measure(kernel, tile, head_dim: int, masked: bool, extra: dict) -> dict:
     signature, constexprs = _signature(kernel)
     bm, bn, warps, stages = tile
     constants = {name: False for name in constexprs}
-    constants.update(CAUSAL=masked, HAS_WINDOW=masked, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim, PACK=1,
-                     **extra)
+    constants.update(CAUSAL=masked, HAS_WINDOW=masked, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM_PAD=head_dim, PACK=1)
     constants = {name: value for name, value in constants.items() if name in constexprs}
     pointers = [i for i, name in enumerate(kernel.arg_names) if signature[name].startswith("*")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in pointers}
@@ -108,17 +107,14 @@ def main() -> int:
     import triton
     forward = load_file(ROOT / "solutions" / "fast_forward_tma.py")
     backward = load_file(ROOT / "solutions" / "fast_backward_tma.py")
-    kernels = {"forward": (forward._tma_forward_kernel.fn, forward.TMA_TILES, {}),
-               "dkdv": (backward._tma_dkdv_kernel.fn, backward.DKDV_TILES, {}),
-               "dq": (backward._tma_dq_kernel.fn, backward.DQ_TILES, {})}
-    if hasattr(backward, "ONE_PASS_TILES"):
-        kernels["dkdv-one-pass"] = (backward._tma_one_pass_kernel.fn, backward.ONE_PASS_TILES,
-                                    dict(ONE_PASS=True, TMA_REDUCE=True))
+    kernels = {"forward": (forward._tma_forward_kernel.fn, forward.TMA_TILES),
+               "dkdv": (backward._tma_dkdv_kernel.fn, backward.DKDV_TILES),
+               "dq": (backward._tma_dq_kernel.fn, backward.DQ_TILES)}
     wanted = args.kernels.split(",")
     ptxas = subprocess.run([_ptxas(), "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     doc = dict(target="sm_90a", triton=triton.__version__, ptxas=ptxas, dtype="bfloat16", rows=[])
     print(doc["target"], "triton", doc["triton"], "ptxas", ptxas, flush=True)
-    for name, (kernel, table, extra) in kernels.items():
+    for name, (kernel, table) in kernels.items():
         if name not in wanted:
             continue
         for head_dim in (64, 128):
@@ -127,7 +123,7 @@ def main() -> int:
                     row = dict(kernel=name, head_dim=head_dim, tile=list(tile),
                                mask="causal, window" if masked else "none")
                     try:
-                        row.update(measure(kernel, tile, head_dim, masked, extra))
+                        row.update(measure(kernel, tile, head_dim, masked))
                     except Exception as e:          # a probe reports and goes on
                         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     doc["rows"].append(row)
