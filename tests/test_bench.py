@@ -6,7 +6,7 @@ import json
 import warnings
 
 from kernels import masks, reference, runtime
-from kernels.loader import ROOT
+from kernels.loader import ROOT, load_file
 
 import pytest
 import torch
@@ -371,11 +371,7 @@ def test_readme_op_ratios_are_the_committed_probe_s():
 
 def _probe(name: str):
     """grader/bench/probes/<name>.py as a module (the probes are scripts, not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, ROOT / "grader" / "bench" / "probes" / f"{name}.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    return load_file(ROOT / "grader" / "bench" / "probes" / f"{name}.py")
 
 
 def _rows_by_case(name: str) -> dict:

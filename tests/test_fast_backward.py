@@ -145,11 +145,7 @@ def test_the_one_pass_probe_s_kernel_matches_float64_autograd(fast, causal, tile
     """grader/bench/probes/fused_dq_backward.py times a one-pass backward (dQ added by the dK/dV
     program); its element-wise variant, judged here as the TMA backward is, so that the probe
     never times a wrong kernel."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("fused_dq_backward",
-                                                  ROOT / "grader" / "bench" / "probes" / "fused_dq_backward.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_file(ROOT / "grader" / "bench" / "probes" / "fused_dq_backward.py")
     q, k, v, do = _inputs(1, 2, 2, 64, 64, 32, DTYPES[-1], seed=3)
     o, lse = fast.flash_attention(q, k, v, causal=causal)
     got = probe.fused_backward(q, k, v, o, lse, do, causal, tile, False, fast._stage9.backward_preprocess)

@@ -139,10 +139,15 @@ def test_gpu_long_sequences_in_bfloat16(fast, mask):
     _check(o[:, :2], lse[:, :2], q[:, :2], k[:, :1], v[:, :1], **mask)
 
 
-def _max_growth(q, k, causal, first_keys):
+@pytest.fixture(scope="module")
+def split_probe():
+    return load_file(ROOT / "grader" / "bench" / "probes" / "split_q_forward.py")
+
+
+def _max_growth(q, k, causal, first_keys, log2e):
     """The most any row's running maximum (log2 units, the kernels' scale) grows from its first
     block of ``first_keys`` keys to the end, in float64."""
-    s = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5 * 1.4426950408889634
+    s = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5 * log2e
     if causal:
         n = s.shape[-1]
         s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
@@ -165,18 +170,13 @@ def _growing_inputs(kind):
 @pytest.mark.parametrize("kind", ["all", "one"])
 @pytest.mark.parametrize("variant", ["plain", "split", "lazy", "split+lazy"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_split_query_probe_s_kernel_matches_the_float64_reference(variant, causal, kind):
+def test_the_split_query_probe_s_kernel_matches_the_float64_reference(split_probe, variant, causal, kind):
     """grader/bench/probes/split_q_forward.py times a forward with two query halves a program and
     a lazy rescale; each variant is judged here as the TMA forward is, so that the probe never times
     a wrong kernel.  In both kinds of input some row's maximum grows by more than float32's range
     after its first key block, so a lazy rescale that waits too long overflows, and with ``one``
     only one row's does, so a test on the rows' smallest growth misses it."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("split_q_forward",
-                                                  ROOT / "grader" / "bench" / "probes" / "split_q_forward.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
     q, k, v = _growing_inputs(kind)
-    assert _max_growth(q, k, causal, first_keys=16) > 128
-    o, lse = probe.forward(q, k, v, causal, (32, 16, 4, 1), *probe.VARIANTS[variant])
+    assert _max_growth(q, k, causal, first_keys=16, log2e=split_probe.LOG2E) > 128
+    o, lse = split_probe.forward(q, k, v, causal, (32, 16, 4, 1), *split_probe.VARIANTS[variant])
     _check(o, lse, q, k, v, causal=causal)
