@@ -55,9 +55,12 @@ are called:
   dispatch mode about go through an ``autograd.Function`` around the same two bodies;
   everything else goes through the ops.  Each eager call of a shape seen before launches the
   compiled kernels it kept (``_Launch``), skipping the argument binding Triton redoes on every
-  launch.  What remains of the host time per call is mostly PyTorch's own (autograd's node and
-  backward), as ``python -m grader bench host`` shows beside SDPA at the same size
-  (docs/stage9-notes.md).
+  launch.
+* **Eager calls in C++ from the second call of a key on.**  native.py records what the Python path
+  launched for a call key (buffers, and each launch's function, grid and arguments) and native.cpp
+  repeats it: one call into C++, the kernels launched through the driver, one C++ autograd node.
+  ``python -m grader bench host`` times its host time per call beside SDPA's and the Python
+  path's in the same process (docs/stage9-notes.md).
 
 A shape cannot tell the two layouts apart when they agree (B, 8, 8, D is either), so the
 layout is a required statement, not a guess; what validation can catch, it does: a tensor
@@ -70,7 +73,8 @@ Where each part lives
     plans.py     which kernels, and the tiles of each, one plan per (shape, dtype, options)
     launch.py    the forward and backward bodies, the kernels' launches and the compiled kernels kept
     library.py   the torch.library ops, their fake implementations and their autograd
-    api.py       attention(): validation, then the eager path or the ops
+    native.py    eager calls repeated in C++ (native.cpp): built on first use, plans recorded from launch.py
+    api.py       attention(): the C++ path, else validation, then the eager path or the ops
 
 Importing the package registers the ops, once per process (kernels.loader.load_package reaches
 it from any folder; ``from solutions.attention_op import attention`` gets the same module).

@@ -1,10 +1,11 @@
 """The SDPA-style entry, :func:`attention`: its arguments checked, then the eager path or the op.
 
-Plain tensors with no tracer or dispatch mode about go through :class:`_EagerAttention`, an
-``autograd.Function`` around the same two bodies as the ops (launch.py), without the dispatcher;
-everything else (``torch.compile``, fake tensors, a dispatch mode) goes through the ops
-(library.py).  Validation is cached per shape in eager mode; under ``torch.compile`` it runs once,
-while tracing.
+Plain tensors with no tracer or dispatch mode about go first to native.py's C++ path, which
+repeats a call key's recorded launches; a key it has no plan for goes through
+:class:`_EagerAttention`, an ``autograd.Function`` around the same two bodies as the ops
+(launch.py), without the dispatcher, and is recorded on the way.  Everything else
+(``torch.compile``, fake tensors, a dispatch mode) goes through the ops (library.py).  Validation
+is cached per shape in eager mode; under ``torch.compile`` it runs once, while tracing.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import math
 from kernels import runtime
 
 import torch
+import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_mode
 
+from . import launch, native, plans
 from .launch import _backward, _call_key, _forward, _launcher
 from .library import attention_forward
 from .plans import s9
@@ -33,21 +36,51 @@ class _EagerAttention(torch.autograd.Function):
     in the forward or the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sinks, causal, window, sink_tokens, scale, bnhd):
+    def forward(ctx, q, k, v, sinks, causal, window, sink_tokens, scale, bnhd, raw):
         options = (causal, window, sink_tokens, scale)
         key = (_call_key(q, k, v, sinks), options, bnhd)
-        o, lse = _forward(q, k, v, sinks, *options, launch=_launcher(key), bnhd=bnhd, key=key)
+        raw = raw if raw is not None and _recordable(q, k, v, sinks) else None
+        record = [] if raw is not None else None
+        o, lse = _forward(q, k, v, sinks, *options, launch=_launcher(key, record), bnhd=bnhd, key=key)
         ctx.save_for_backward(q, k, v, o, lse, sinks)
-        ctx.options, ctx.key, ctx.bnhd = options, key, bnhd
+        ctx.options, ctx.key, ctx.bnhd, ctx.raw, ctx.record = options, key, bnhd, raw, record
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, sinks = ctx.saved_tensors
+        if ctx.raw is not None and (do.stride() != o.stride() or do.data_ptr() % 16
+                                    or not _recordable(q, k, v, sinks, o, lse, do)):
+            # Recorded with a dO laid out as o (a .sum()'s dO has stride 0): the C++ path copies
+            # any other dO into that layout the same way.
+            do = torch.empty_like(o).copy_(do)
         key = (ctx.key, _call_key(do))
-        dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, *ctx.options, launch=_launcher(key),
-                                       bnhd=ctx.bnhd, dsinks_wanted=ctx.needs_input_grad[3], key=key)
-        return dq, dk, dv, dsinks, None, None, None, None, None
+        record, keep = ([], {}) if ctx.raw is not None else (None, None)
+        dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, *ctx.options, launch=_launcher(key, record),
+                                       bnhd=ctx.bnhd, dsinks_wanted=ctx.needs_input_grad[3], key=key, keep=keep)
+        if ctx.raw is not None:     # the key's first backward: native.py repeats the call from now on
+            forward = native.describe_part(ctx.record, [q, k, v, sinks, o, lse], 4, [4, 5])
+            buffers = [q, k, v, o, lse, do, sinks, keep["delta"], keep["dsinks_part"], dq, dk, dv]
+            backward = native.describe_part(record, buffers, 7, [9, 10, 11]) if forward is not None else None
+            _record(q, k, v, sinks, ctx.raw, True, forward if backward is not None else None, backward, do)
+        return dq, dk, dv, dsinks, None, None, None, None, None, None
+
+
+def _recordable(*tensors) -> bool:
+    """Whether a call's launches can be told apart by buffer: tensors on the current device (whose
+    context the compiled kernels were loaded in), each starting at an address of its own.  (Two of
+    the call's tensors at one address, say k passed as v, would leave a recorded pointer's role
+    ambiguous; such a call is not recorded, and a later one of the same key may be.)"""
+    present = [t for t in tensors if t is not None]
+    return (len({t.data_ptr() for t in present}) == len(present)
+            and present[0].device.index == torch.cuda.current_device())
+
+
+def _record(q, k, v, sinks, raw, grad, forward, backward=None, do=None):
+    """Give native.py's C++ path a key's plan (``forward`` None: the key stays on the Python path)."""
+    module = native.module()
+    if module is not None:
+        module.record(q, k, v, sinks, *raw, grad, forward, backward, do, 8)   # 8: dsinks_part's buffer
 
 
 def _fail(name: str, got, expected: str, layout: str):
@@ -120,6 +153,12 @@ def _validate(q, k, v, is_causal, scale, enable_gqa, window, sink_tokens, sinks,
 
 
 _checked: dict[tuple, tuple[int, float]] = {}
+_hooks = triton.knobs.runtime if hasattr(triton, "knobs") else None
+
+
+def _quiet(hook) -> bool:
+    """No Triton launch hook (a profiler's) that a C++ launch would skip: none, or an empty chain."""
+    return hook is None or getattr(hook, "calls", None) == []
 
 
 def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
@@ -156,6 +195,24 @@ def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, e
     Raises:
         ValueError, TypeError: an argument that breaks the above, named with the layout.
     """
+    raw = None
+    if not torch.compiler.is_compiling() and type(q) is torch.Tensor and _current_mode() is None:
+        module = native.module()
+        if module is None:
+            if q.is_cuda:
+                native.build()                          # once, in the background; the Python path meanwhile
+        elif (type(layout) is str and (window is None or type(window) is int) and type(sink_tokens) is int
+              and (scale is None or type(scale) is float) and _quiet(_hooks.launch_enter_hook)
+              and _quiet(_hooks.launch_exit_hook) and launch.DIRECT_LAUNCH):
+            try:
+                o = module.attention(q, k, v, sinks, is_causal, scale, enable_gqa, window, sink_tokens, layout,
+                                     plans.KERNELS)
+            except TypeError:                           # an argument of the wrong type: checked below
+                o = None
+            if o is not None:
+                return o
+            if q.is_cuda:                               # no plan for this key yet: record this call's
+                raw = (is_causal, scale, enable_gqa, window, sink_tokens, layout, plans.KERNELS)
     if torch.compiler.is_compiling():                 # traced once; the sizes become guards
         window_arg, scale_arg = _validate(q, k, v, is_causal, scale, enable_gqa, window, sink_tokens, sinks, layout)
     else:
@@ -175,10 +232,15 @@ def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, e
     if not torch.compiler.is_compiling() and type(q) is torch.Tensor and _current_mode() is None:
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                         or (sinks is not None and sinks.requires_grad)):
-            return _EagerAttention.apply(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg, bnhd)
+            return _EagerAttention.apply(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg, bnhd, raw)
         options = (is_causal, window_arg, sink_tokens, scale_arg)     # nothing to differentiate: no autograd node
         key = (_call_key(q, k, v, sinks), options, bnhd)
-        return _forward(q, k, v, sinks, *options, launch=_launcher(key), bnhd=bnhd, key=key)[0]
+        raw = raw if raw is not None and _recordable(q, k, v, sinks) else None
+        record = [] if raw is not None else None
+        o, lse = _forward(q, k, v, sinks, *options, launch=_launcher(key, record), bnhd=bnhd, key=key)
+        if raw is not None:
+            _record(q, k, v, sinks, raw, False, native.describe_part(record, [q, k, v, sinks, o, lse], 4, [4, 5]))
+        return o
     if bnhd:                                            # compiling, fake tensors, a dispatch mode: the op
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)      # (B, H, N, D) views
     o, _ = attention_forward(q, k, v, sinks, is_causal, window_arg, sink_tokens, scale_arg)

@@ -61,11 +61,14 @@ def _call_key(*tensors) -> tuple:
 
 class _Launch:
     """``launch(kernel)[grid](*args, **meta)`` as Triton spells it, through the kept compiled
-    kernel when ``key`` has been seen, else through Triton, keeping what it compiled."""
-    __slots__ = ("key", "kernel")
+    kernel when ``key`` has been seen, else through Triton, keeping what it compiled.  With a
+    ``record`` list, each launch also appends ``(compiled kernel, grid, every parameter's value)``
+    to it, for native.py."""
+    __slots__ = ("key", "kernel", "record")
 
-    def __init__(self, key: tuple):
+    def __init__(self, key: tuple, record: list | None = None):
         self.key = key
+        self.record = record
 
     def __call__(self, kernel):
         self.kernel = kernel
@@ -83,19 +86,21 @@ class _Launch:
                 compiled.run(*grid, *(1,) * (3 - len(grid)), stream, compiled.function, compiled.packed_metadata,
                              compiled.launch_metadata(grid, stream, *args, *tail),
                              hooks.launch_enter_hook, hooks.launch_exit_hook, *args, *tail)
-                return
-            compiled = kernel[grid](*args, **meta)
-            params = list(kernel.signature.parameters.values())[len(args):]
-            tail = tuple(meta[p.name] if p.name in meta else p.default for p in params)
-            _compiled[(id(kernel), key)] = (compiled, torch.cuda.current_device(), tail)
+            else:
+                compiled = kernel[grid](*args, **meta)
+                params = list(kernel.signature.parameters.values())[len(args):]
+                tail = tuple(meta[p.name] if p.name in meta else p.default for p in params)
+                _compiled[(id(kernel), key)] = (compiled, torch.cuda.current_device(), tail)
+            if self.record is not None:
+                self.record.append((compiled, grid, (*args, *tail)))
         return run
 
 
-def _launcher(key: tuple):
-    """``launch`` for :func:`_forward` and :func:`_backward` in eager mode."""
+def _launcher(key: tuple, record: list | None = None):
+    """``launch`` for :func:`_forward` and :func:`_backward` in eager mode (``record``: see _Launch)."""
     if not DIRECT_LAUNCH or not runtime.ON_GPU or not hasattr(triton, "knobs"):
         return _direct
-    return _Launch(key)
+    return _Launch(key, record)
 
 
 # =============================================================================================
@@ -158,11 +163,13 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
 
 
 def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens: int, scale: float,
-              launch=_direct, bnhd: bool = False, dsinks_wanted: bool = True, key: tuple | None = None):
+              launch=_direct, bnhd: bool = False, dsinks_wanted: bool = True, key: tuple | None = None,
+              keep: dict | None = None):
     """``(dq, dk, dv, dsinks)``, each like its input; dsinks float32 (Hq,), None without sinks or
     when not ``dsinks_wanted`` (its reduction is a launch of its own, skipped when nobody asks).
     The TMA dK/dV and dQ kernels where the plan and the strides allow them, else stage 9's; the
-    first kernel (delta and dsinks) is stage 9's either way."""
+    first kernel (delta and dsinks) is stage 9's either way.  ``keep``, a dict, receives the
+    buffers allocated on the way (``delta``, ``dsinks_part``), for native.py."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
@@ -179,6 +186,8 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
         *o_strides, *do_strides, hq, nq, d,
         BLOCK_M=pre_m, HEAD_DIM_PAD=pad, HAS_SINKS=sinks is not None)
     dsinks = dsinks_part.sum(dim=(0, 2)) if sinks is not None and dsinks_wanted else None
+    if keep is not None:
+        keep.update(delta=delta, dsinks_part=dsinks_part)
 
     dq, dk, dv = _backward_outputs(q, k, v)
     if tma:

@@ -1,0 +1,411 @@
+// The eager path of solutions/attention_op without Python in the hot loop.
+//
+// An eager call of attention() used to cost two to three times SDPA's host time: the launch
+// arguments were rebuilt in Python on every call, each kernel went through Triton's Python
+// launcher, and the autograd node was a Python autograd.Function.  This extension keeps, per
+// call key, what the Python path did the first time it ran that key, and repeats it in C++:
+//
+//   key      every tensor's sizes, strides, dtype, device and 16-byte alignment (what Triton
+//            specializes a kernel on), the call's options, the kernel set, and whether a
+//            gradient is wanted.  A call whose key is known was validated when it was recorded:
+//            validation depends on nothing else.
+//   plan     for the forward, and for the backward when a gradient is wanted: the buffers to
+//            allocate (sizes, strides, dtype of what the Python path allocated), and each
+//            kernel launch as Triton made it: the compiled function, grid, threads, shared memory,
+//            global scratch, and every non-constexpr argument as a buffer index or a constant.
+//   autograd one C++ node (torch::autograd::Function) whose backward replays the backward plan.
+//            A dO whose strides, dtype or alignment differ from the one recorded is copied into
+//            the recorded layout first, so the recorded kernels always meet what they were
+//            compiled for.
+//
+// solutions/attention_op/native.py records the plans (from the Python path's own launches), builds
+// this file on first use, and says when the C++ path is not taken.  Nothing here chooses a kernel
+// or a tile: a plan only repeats launches the Python path already made for the same key.
+
+#include <torch/extension.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cuda.h>      // CUfunction, CUstream, CUresult; the driver's entry points come from dlsym
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using LaunchKernel = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  unsigned, CUstream, void**, void**);
+using ErrorString = CUresult (*)(CUresult, const char**);
+
+// libcuda is loaded by PyTorch already; no link-time dependency on it.
+struct Driver {
+    LaunchKernel launch = nullptr;
+    ErrorString error_string = nullptr;
+    Driver() {
+        void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        TORCH_CHECK(lib != nullptr, "attention_op native path: cannot open libcuda.so.1");
+        launch = reinterpret_cast<LaunchKernel>(dlsym(lib, "cuLaunchKernel"));
+        error_string = reinterpret_cast<ErrorString>(dlsym(lib, "cuGetErrorString"));
+        TORCH_CHECK(launch != nullptr, "attention_op native path: libcuda.so.1 has no cuLaunchKernel");
+    }
+};
+
+const Driver& driver() {
+    static Driver d;
+    return d;
+}
+
+// One kernel argument: a buffer (its data pointer) or a constant of the kernel parameter's type.
+enum Kind : int64_t { kBuffer = 0, kInt32 = 1, kInt64 = 2, kFloat32 = 3, kInt8 = 4 };
+
+struct Arg {
+    int64_t kind;
+    int64_t value;   // buffer index, integer, or a float32's bits
+};
+
+struct Launch {
+    CUfunction function;
+    unsigned grid[3];
+    unsigned threads;
+    unsigned shared;
+    int64_t scratch;   // bytes of global scratch for the whole grid; 0: none
+    std::vector<Arg> args;
+};
+
+struct Alloc {
+    std::vector<int64_t> sizes, strides;
+    c10::ScalarType dtype;
+};
+
+// Buffers 0 .. inputs - 1 are the call's tensors, then one per Alloc, in order.
+struct Part {
+    int64_t inputs = 0;
+    std::vector<Alloc> allocs;
+    std::vector<Launch> launches;
+    std::vector<int64_t> outputs;
+    int64_t scratch = 0;         // bytes of scratch for all launches, each rounded up to 256
+};
+
+struct Plan {
+    bool native = false;   // false: this key stays on the Python path
+    bool has_sinks = false;
+    at::Tensor no_sinks;   // stands in for absent sinks: autograd's inputs must be defined tensors
+    Part forward;
+    bool has_backward = false;
+    Part backward;
+    int64_t dsinks_part = -1;   // the backward buffer whose sum over (0, 2) is dsinks
+    std::vector<int64_t> do_sizes, do_strides;
+    c10::ScalarType do_dtype = c10::ScalarType::Undefined;
+    bool do_aligned = false;
+};
+
+struct KeyHash {
+    size_t operator()(const std::vector<int64_t>& key) const noexcept {
+        uint64_t h = 1469598103934665603ull;
+        for (int64_t x : key) {
+            h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        }
+        return static_cast<size_t>(h);
+    }
+};
+
+std::mutex table_lock;
+std::unordered_map<std::vector<int64_t>, int64_t, KeyHash> table;   // key -> index into plans
+std::vector<std::shared_ptr<Plan>> plans;    // never shrinks: a node may outlive clear()
+std::atomic<int64_t> forward_runs{0}, backward_runs{0}, do_copies{0};
+
+// A backward runs on autograd's threads while a Python thread may record: read under the lock.
+std::shared_ptr<const Plan> plan_at(int64_t index) {
+    std::lock_guard<std::mutex> hold(table_lock);
+    return plans[index];
+}
+
+void push_tensor(std::vector<int64_t>& key, const at::Tensor& t) {
+    key.push_back(t.dim());
+    for (int64_t s : t.sizes()) key.push_back(s);
+    for (int64_t s : t.strides()) key.push_back(s);
+    key.push_back(static_cast<int64_t>(t.scalar_type()));
+    key.push_back(static_cast<int64_t>(t.device().type()));
+    key.push_back(t.device().index());
+    key.push_back(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
+}
+
+void push_text(std::vector<int64_t>& key, const std::string& text) {
+    key.push_back(static_cast<int64_t>(text.size()));
+    for (unsigned char c : text) key.push_back(c);
+}
+
+std::vector<int64_t> make_key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& sinks, bool causal, std::optional<double> scale,
+                              bool gqa, std::optional<int64_t> window, int64_t sink_tokens,
+                              const std::string& layout, const std::string& kernels, bool grad) {
+    std::vector<int64_t> key;
+    key.reserve(64);
+    push_tensor(key, q);
+    push_tensor(key, k);
+    push_tensor(key, v);
+    key.push_back(sinks.has_value());
+    if (sinks.has_value()) push_tensor(key, *sinks);
+    key.push_back(causal);
+    key.push_back(scale.has_value());
+    if (scale.has_value()) {
+        int64_t bits;
+        double s = *scale;
+        std::memcpy(&bits, &s, sizeof bits);
+        key.push_back(bits);
+    }
+    key.push_back(gqa);
+    key.push_back(window.has_value());
+    key.push_back(window.value_or(0));
+    key.push_back(sink_tokens);
+    push_text(key, layout);
+    push_text(key, kernels);
+    key.push_back(grad);
+    return key;
+}
+
+bool wants_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& sinks) {
+    return at::GradMode::is_enabled() &&
+           (q.requires_grad() || k.requires_grad() || v.requires_grad() || (sinks.has_value() && sinks->requires_grad()));
+}
+
+// Allocate the part's buffers after the inputs, and launch its kernels on the current stream.
+void run_part(const Part& part, std::vector<at::Tensor>& buffers, const c10::Device& device) {
+    TORCH_CHECK(static_cast<int64_t>(buffers.size()) == part.inputs, "attention_op native path: wrong input count");
+    auto options = at::TensorOptions().device(device);
+    for (const Alloc& a : part.allocs) {
+        buffers.push_back(at::empty_strided(a.sizes, a.strides, options.dtype(a.dtype)));
+    }
+    CUstream stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    const Driver& cu = driver();
+    // One scratch allocation for the part's launches, each at a 256-byte boundary; freed on return,
+    // the caching allocator reuses it only in stream order, after these kernels.
+    at::Tensor scratch;
+    if (part.scratch > 0) scratch = at::empty({part.scratch}, options.dtype(at::kByte));
+    uintptr_t scratch_at = scratch.defined() ? reinterpret_cast<uintptr_t>(scratch.data_ptr()) : 0;
+    std::vector<uint64_t> slots;
+    std::vector<void*> params;
+    for (const Launch& l : part.launches) {
+        size_t n = l.args.size();
+        slots.assign(n + 2, 0);   // + Triton's global and profile scratch pointers
+        params.resize(n + 2);
+        for (size_t i = 0; i < n; ++i) {
+            const Arg& a = l.args[i];
+            void* slot = &slots[i];
+            switch (a.kind) {
+                case kBuffer: slots[i] = reinterpret_cast<uintptr_t>(buffers[a.value].data_ptr()); break;
+                case kInt32: { int32_t x = static_cast<int32_t>(a.value); std::memcpy(slot, &x, 4); break; }
+                case kInt64: slots[i] = static_cast<uint64_t>(a.value); break;
+                case kFloat32: { uint32_t x = static_cast<uint32_t>(a.value); std::memcpy(slot, &x, 4); break; }
+                case kInt8: { int8_t x = static_cast<int8_t>(a.value); std::memcpy(slot, &x, 1); break; }
+                default: TORCH_CHECK(false, "attention_op native path: unknown argument kind ", a.kind);
+            }
+            params[i] = slot;
+        }
+        if (l.scratch > 0) {
+            slots[n] = scratch_at;
+            scratch_at += (l.scratch + 255) / 256 * 256;
+        }
+        params[n] = &slots[n];
+        params[n + 1] = &slots[n + 1];
+        CUresult r = cu.launch(l.function, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.shared, stream,
+                               params.data(), nullptr);
+        if (r != CUDA_SUCCESS) {
+            const char* text = "unknown error";
+            if (cu.error_string) cu.error_string(r, &text);
+            TORCH_CHECK(false, "attention_op native path: kernel launch failed: ", text);
+        }
+    }
+}
+
+std::vector<at::Tensor> run_forward(const Plan& plan, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& sinks) {
+    c10::cuda::CUDAGuard guard(q.device());
+    std::vector<at::Tensor> buffers{q, k, v, sinks};
+    buffers.reserve(4 + plan.forward.allocs.size());
+    run_part(plan.forward, buffers, q.device());
+    ++forward_runs;
+    return {buffers[plan.forward.outputs[0]], buffers[plan.forward.outputs[1]]};
+}
+
+struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                              const at::Tensor& v, const at::Tensor& sinks, int64_t plan_index) {
+        auto out = run_forward(*plan_at(plan_index), q, k, v, sinks);
+        ctx->save_for_backward({q, k, v, out[0], out[1], sinks});
+        ctx->saved_data["plan"] = plan_index;
+        return out[0];
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        auto held = plan_at(ctx->saved_data["plan"].toInt());
+        const Plan& plan = *held;
+        auto saved = ctx->get_saved_variables();
+        const at::Tensor& q = saved[0];
+        at::Tensor d_o = grads[0];
+        c10::cuda::CUDAGuard guard(q.device());
+        bool aligned = reinterpret_cast<uintptr_t>(d_o.data_ptr()) % 16 == 0;
+        if (d_o.sizes() != c10::IntArrayRef(plan.do_sizes) || d_o.strides() != c10::IntArrayRef(plan.do_strides) ||
+            d_o.scalar_type() != plan.do_dtype || (plan.do_aligned && !aligned)) {
+            at::Tensor fixed = at::empty_strided(plan.do_sizes, plan.do_strides,
+                                                 d_o.options().dtype(plan.do_dtype));
+            fixed.copy_(d_o);
+            d_o = fixed;
+            ++do_copies;
+        }
+        std::vector<at::Tensor> buffers{saved[0], saved[1], saved[2], saved[3], saved[4], d_o, saved[5]};
+        buffers.reserve(7 + plan.backward.allocs.size());
+        run_part(plan.backward, buffers, q.device());
+        ++backward_runs;
+        at::Tensor dsinks;
+        if (plan.has_sinks && ctx->needs_input_grad(3)) {
+            const int64_t dims[] = {0, 2};   // (B, Hq, query blocks) -> (Hq,)
+            dsinks = buffers[plan.dsinks_part].sum(at::IntArrayRef(dims));
+        }
+        const auto& out = plan.backward.outputs;
+        return {buffers[out[0]], buffers[out[1]], buffers[out[2]], dsinks, at::Tensor()};
+    }
+};
+
+// (function, grid, threads, shared, scratch, [(kind, value), ...])
+using LaunchDesc = std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, int64_t,
+                              std::vector<std::pair<int64_t, int64_t>>>;
+// (inputs, example allocations, launches, outputs)
+using PartDesc = std::tuple<int64_t, std::vector<at::Tensor>, std::vector<LaunchDesc>, std::vector<int64_t>>;
+
+Part make_part(const PartDesc& desc) {
+    Part part;
+    part.inputs = std::get<0>(desc);
+    for (const at::Tensor& t : std::get<1>(desc)) {
+        part.allocs.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+    }
+    int64_t buffers = part.inputs + static_cast<int64_t>(part.allocs.size());
+    for (const LaunchDesc& l : std::get<2>(desc)) {
+        Launch launch;
+        launch.function = reinterpret_cast<CUfunction>(static_cast<uintptr_t>(std::get<0>(l)));
+        const auto& grid = std::get<1>(l);
+        TORCH_CHECK(grid.size() == 3, "record: a grid has 3 dimensions");
+        for (int i = 0; i < 3; ++i) launch.grid[i] = static_cast<unsigned>(grid[i]);
+        launch.threads = static_cast<unsigned>(std::get<2>(l));
+        launch.shared = static_cast<unsigned>(std::get<3>(l));
+        launch.scratch = std::get<4>(l);
+        for (const auto& [kind, value] : std::get<5>(l)) {
+            TORCH_CHECK(kind >= kBuffer && kind <= kInt8, "record: unknown argument kind ", kind);
+            TORCH_CHECK(kind != kBuffer || (value >= 0 && value < buffers), "record: buffer ", value, " out of range");
+            launch.args.push_back({kind, value});
+        }
+        part.scratch += (launch.scratch + 255) / 256 * 256;
+        part.launches.push_back(std::move(launch));
+    }
+    for (int64_t o : std::get<3>(desc)) {
+        TORCH_CHECK(o >= 0 && o < buffers, "record: output ", o, " out of range");
+        part.outputs.push_back(o);
+    }
+    return part;
+}
+
+}  // namespace
+
+// The call: its output, or None when this key has no plan (the caller takes the Python path).
+py::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& sinks, bool causal, std::optional<double> scale, bool gqa,
+                     std::optional<int64_t> window, int64_t sink_tokens, const std::string& layout,
+                     const std::string& kernels) {
+    // Only CUDA tensors with storage have plans (a functorch wrapper has none to point a kernel at).
+    auto usable = [](const at::Tensor& t) { return t.is_cuda() && t.has_storage(); };
+    if (!usable(q) || !usable(k) || !usable(v) || (sinks.has_value() && !usable(*sinks))) return py::none();
+    bool grad = wants_grad(q, k, v, sinks);
+    auto key = make_key(q, k, v, sinks, causal, scale, gqa, window, sink_tokens, layout, kernels, grad);
+    int64_t index;
+    std::shared_ptr<const Plan> plan;
+    {
+        std::lock_guard<std::mutex> hold(table_lock);
+        auto found = table.find(key);
+        if (found == table.end()) return py::none();
+        index = found->second;
+        plan = plans[index];
+    }
+    if (!plan->native) return py::none();
+    const at::Tensor& s = sinks.has_value() ? *sinks : plan->no_sinks;
+    if (grad) return py::cast(AttentionFunction::apply(q, k, v, s, index));
+    return py::cast(run_forward(*plan, q, k, v, s)[0]);
+}
+
+// Keep a key's plan: the forward part, and the backward part with the dO it was recorded with
+// when the key wants a gradient.  No forward part: the key stays on the Python path.
+void record(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& sinks,
+            bool causal, std::optional<double> scale, bool gqa, std::optional<int64_t> window, int64_t sink_tokens,
+            const std::string& layout, const std::string& kernels, bool grad, const std::optional<PartDesc>& forward,
+            const std::optional<PartDesc>& backward, const std::optional<at::Tensor>& d_o, int64_t dsinks_part) {
+    auto plan = std::make_shared<Plan>();
+    plan->has_sinks = sinks.has_value();
+    if (!plan->has_sinks) plan->no_sinks = at::empty({0}, q.options().dtype(at::kFloat));
+    if (forward.has_value()) {
+        plan->forward = make_part(*forward);
+        TORCH_CHECK(plan->forward.inputs == 4 && plan->forward.outputs.size() == 2,
+                    "record: the forward takes q, k, v, sinks and gives o, lse");
+        if (grad) {
+            TORCH_CHECK(backward.has_value() && d_o.has_value(), "record: a key with a gradient needs its backward");
+            plan->backward = make_part(*backward);
+            TORCH_CHECK(plan->backward.inputs == 7 && plan->backward.outputs.size() == 3,
+                        "record: the backward takes q, k, v, o, lse, dO, sinks and gives dq, dk, dv");
+            int64_t buffers = 7 + static_cast<int64_t>(plan->backward.allocs.size());
+            TORCH_CHECK(dsinks_part >= 0 && dsinks_part < buffers, "record: dsinks_part out of range");
+            plan->has_backward = true;
+            plan->dsinks_part = dsinks_part;
+            plan->do_sizes = d_o->sizes().vec();
+            plan->do_strides = d_o->strides().vec();
+            plan->do_dtype = d_o->scalar_type();
+            plan->do_aligned = reinterpret_cast<uintptr_t>(d_o->data_ptr()) % 16 == 0;
+        }
+        plan->native = true;
+    }
+    auto key = make_key(q, k, v, sinks, causal, scale, gqa, window, sink_tokens, layout, kernels, grad);
+    std::lock_guard<std::mutex> hold(table_lock);
+    plans.push_back(plan);
+    table[key] = static_cast<int64_t>(plans.size()) - 1;
+}
+
+void clear() {
+    std::lock_guard<std::mutex> hold(table_lock);
+    table.clear();
+}
+
+py::dict counts() {
+    std::lock_guard<std::mutex> hold(table_lock);
+    int64_t native = 0;
+    for (const auto& [key, index] : table) native += plans[index]->native;
+    py::dict d;
+    d["keys"] = static_cast<int64_t>(table.size());
+    d["native_keys"] = native;
+    d["forward_runs"] = forward_runs.load();
+    d["backward_runs"] = backward_runs.load();
+    d["do_copies"] = do_copies.load();
+    return d;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "solutions/attention_op's eager calls, repeated in C++ from recorded plans";
+    m.def("attention", &attention, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("sinks"),
+          py::arg("causal").noconvert(), py::arg("scale"), py::arg("gqa").noconvert(), py::arg("window"),
+          py::arg("sink_tokens"), py::arg("layout"), py::arg("kernels"));
+    m.def("record", &record);
+    m.def("clear", &clear);
+    m.def("counts", &counts);
+    m.attr("BUFFER") = static_cast<int64_t>(kBuffer);
+    m.attr("INT32") = static_cast<int64_t>(kInt32);
+    m.attr("INT64") = static_cast<int64_t>(kInt64);
+    m.attr("FLOAT32") = static_cast<int64_t>(kFloat32);
+    m.attr("INT8") = static_cast<int64_t>(kInt8);
+}

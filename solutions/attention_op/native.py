@@ -1,0 +1,192 @@
+"""Eager calls repeated in C++ (native.cpp): the host time of an eager call close to SDPA's.
+
+The Python path (api.py, launch.py) spends its host time on rebuilding each launch's arguments,
+on Triton's Python launcher, and on a Python ``autograd.Function``.  None of that changes between
+two calls with the same call key (every tensor's sizes, strides, dtype, device and 16-byte
+alignment, and the options), so the first call of a key runs the Python path with a recorder
+(``_Launch.record``) and gives native.cpp what it did: the buffers it allocated and every launch,
+each argument a buffer or a constant.  Later calls of that key are one call into C++, which
+allocates, launches the same compiled kernels on the current stream and, when a gradient is
+wanted, makes one C++ autograd node whose backward replays the recorded backward.
+
+When the C++ path is not taken, the Python path runs as before, so results never depend on it:
+
+* before the extension is built.  It is built on the first eager call on a CUDA GPU, in a
+  background thread (torch.utils.cpp_extension, kept in the user's cache), and used once loaded;
+  ``build(wait=True)`` waits for it.  ``WORKBOOK_NATIVE=0`` turns it off.
+* on a Triton whose launch convention native.cpp was not written for (``TRITONS``);
+* while a Triton launch hook is set (a profiler's): C++ launches would not call it;
+* when a launch cannot be described: a pointer argument that is none of the call's buffers (the
+  TMA backward's padded copy of lse when Nq is not a multiple of 4), or two of the call's tensors
+  that are one object, so that their roles cannot be told apart.
+* under ``torch.compile``, fake tensors or a dispatch mode (api.py sends those to the ops).
+
+``counts()`` says how many keys have plans and how many calls ran in C++ (the tests use it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+import threading
+from pathlib import Path
+
+import torch
+
+#: Triton releases whose launcher native.cpp repeats: every non-constexpr argument in order, then
+#: the global and the profile scratch pointers (triton/backends/nvidia/driver.py).
+TRITONS = ("3.6",)
+SOURCE = Path(__file__).with_name("native.cpp")
+
+_module = None                  # the built extension, once loaded
+_started = False                # build() has decided, once per process
+_thread: threading.Thread | None = None
+_failure: str | None = None     # why the build failed, if it did
+
+
+def enabled() -> bool:
+    """Whether the C++ path may be used at all: a CUDA GPU, a known Triton, not switched off."""
+    from kernels import runtime
+    if os.environ.get("WORKBOOK_NATIVE", "1") == "0" or not runtime.ON_GPU:
+        return False
+    import triton
+    return ".".join(triton.__version__.split(".")[:2]) in TRITONS
+
+
+_off = 0                        # inside off(): the Python path only
+
+
+def module():
+    """The loaded extension, or None (not built yet, switched off, inside ``off()``, or failed:
+    see ``failure()``)."""
+    return None if _off else _module
+
+
+@contextlib.contextmanager
+def off():
+    """Calls inside take the Python path and record nothing (the tests and the host bench compare
+    the two paths with it)."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
+
+
+def failure() -> str | None:
+    """The build's error, when it failed."""
+    return _failure
+
+
+def _build() -> None:
+    global _module, _failure
+    try:
+        from kernels import cuda_build
+
+        from torch.utils.cpp_extension import load
+        text = SOURCE.read_text()
+        digest = hashlib.sha256("\n".join([text, torch.__version__]).encode()).hexdigest()[:16]
+        name = f"attention_op_native_{digest}"
+        build_dir = cuda_build.cache_dir() / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        copy = build_dir / "native.cpp"            # a path that stays put, for ninja's record
+        if not copy.exists() or copy.read_text() != text:
+            copy.write_text(text)
+        _module = load(name=name, sources=[str(copy)], build_directory=str(build_dir), with_cuda=True,
+                       extra_cflags=["-O2"], verbose=False)
+    except Exception as error:                     # noqa: BLE001 - any failure leaves the Python path
+        _failure = f"{type(error).__name__}: {error}"
+
+
+def build(*, wait: bool = False):
+    """Start building the extension (once per process) if ``enabled()``; with ``wait``, return it
+    when built (None if the build failed or the path is off)."""
+    global _thread, _started
+    if not _started and not _off:
+        _started = True
+        if enabled():
+            _thread = threading.Thread(target=_build, name="attention_op native build", daemon=True)
+            _thread.start()
+    if wait and _thread is not None:
+        _thread.join()
+    return _module
+
+
+def counts() -> dict:
+    """Keys with plans and calls run in C++ so far (``keys``, ``native_keys``, ``forward_runs``,
+    ``backward_runs``, ``do_copies``): ``{}`` without the extension."""
+    return dict(_module.counts()) if _module is not None else {}
+
+
+def clear() -> None:
+    """Forget every plan (a test, or after ``plans.KERNELS`` changes meaning)."""
+    if _module is not None:
+        _module.clear()
+
+
+# =============================================================================================
+# Describing what the Python path launched, in native.cpp's terms.
+# =============================================================================================
+
+BUFFER, INT32, INT64, FLOAT32, INT8 = range(5)      # native.cpp's Kind
+_alive: dict[int, object] = {}                      # every compiled kernel a plan launches
+_INTS = {"i32": INT32, "u32": INT32, "i64": INT64, "u64": INT64, "i1": INT8, "u1": INT8, "i8": INT8, "u8": INT8}
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _buffer_index(value, buffers: list) -> int | None:
+    """The one buffer whose data starts where ``value``'s does (a view of lse is lse), or None."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    found = [i for i, b in enumerate(buffers) if b is not None and b.data_ptr() == value.data_ptr()]
+    return found[0] if len(found) == 1 else None
+
+
+def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tuple | None:
+    """``(inputs, allocations, launches, outputs)`` for native.cpp's ``record``, or None when a
+    launch cannot be repeated from buffers and constants.
+
+    ``record`` holds ``(compiled kernel, grid, arguments)`` per launch, every parameter's value in
+    order (constexprs too); ``buffers`` the call's tensors (``inputs`` of them, None for an absent
+    one) and then what the body allocated; ``outputs`` the buffers returned.
+    """
+    present = [b for b in buffers if b is not None]
+    if len({id(b) for b in present}) != len(present) or len({b.data_ptr() for b in present}) != len(present):
+        return None                                         # two roles, one tensor: which is which?
+    launches = []
+    for compiled, grid, args in record:
+        meta = compiled.metadata
+        if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_pdl", False)
+                or getattr(meta, "launch_cooperative_grid", False) or getattr(meta, "profile_scratch_size", 0)):
+            return None
+        signature = list(compiled.src.signature.values())
+        if len(signature) != len(args) or compiled.function is None:
+            return None
+        described = []
+        for kind, value in zip(signature, args):
+            if kind == "constexpr":
+                continue
+            if not isinstance(kind, str):
+                return None                                 # a tuple argument: none of ours
+            if kind.startswith("*"):
+                index = _buffer_index(value, buffers)
+                if index is None:
+                    return None
+                described.append((BUFFER, index))
+            elif kind in _INTS and isinstance(value, (bool, int)):
+                described.append((_INTS[kind], int(value)))
+            elif kind in ("fp32", "f32") and isinstance(value, (int, float)):
+                described.append((FLOAT32, _float_bits(float(value))))
+            else:
+                return None
+        _alive[id(compiled)] = compiled                     # its module stays loaded while C++ holds the function
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        scratch = getattr(meta, "global_scratch_size", 0) * grid[0] * grid[1] * grid[2]
+        launches.append((int(compiled.function), list(grid), 32 * meta.num_warps, meta.shared, scratch, described))
+    return inputs, list(buffers[inputs:]), launches, outputs

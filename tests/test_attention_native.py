@@ -1,0 +1,360 @@
+"""The op's C++ eager path (solutions/attention_op/native.py and native.cpp).
+
+On the CPU: native.cpp compiles against this PyTorch's headers; the description of a launch (what
+C++ will repeat) is checked argument by argument on stand-in compiled kernels, with the cases it
+must refuse; attention() calls the C++ path only where it may, and falls back when it has no plan.
+On a GPU: the C++ path gives the Python path's bits, forward and backward, for the TMA kernels and
+stage 9's, with and without sinks; a dO of another layout is copied, a key it cannot describe stays
+in Python, CUDA graphs capture it, and a Triton launch hook keeps calls in Python.
+"""
+
+import shutil
+import struct
+import subprocess
+import sysconfig
+from pathlib import Path
+from types import SimpleNamespace
+
+from kernels import runtime
+from kernels.loader import ROOT, load_package
+
+import pytest
+import torch
+
+PATH = ROOT / "solutions" / "attention_op"
+pytestmark = pytest.mark.skipif(not PATH.exists(), reason="this copy of the workbook has no solutions/")
+gpu = pytest.mark.skipif(not runtime.ON_GPU, reason="needs a CUDA GPU: the C++ path launches CUDA kernels")
+
+
+@pytest.fixture(scope="module")
+def op():
+    return load_package(PATH)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: the source compiles, launches are described exactly, attention() routes correctly.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_native_source_compiles_against_this_torch(tmp_path):
+    """g++ -fsyntax-only with this PyTorch's headers and CUDA's cuda.h (a CPU build of PyTorch lacks
+    one generated CUDA header, stood in for here)."""
+    include = Path(torch.__file__).parent / "include"
+    python_h = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    cuda_h = next((Path(root) / "include" / "cuda.h" for root in ("/usr/local/cuda", "/usr/cuda")
+                   if (Path(root) / "include" / "cuda.h").exists()), None)
+    if shutil.which("g++") is None or not python_h.exists() or cuda_h is None:
+        pytest.skip("needs g++, Python's headers and CUDA's cuda.h")
+    stub = tmp_path / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True)
+    if not (include / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").exists():
+        (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=native_check", f"-I{tmp_path}",
+           f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{python_h.parent}",
+           f"-I{cuda_h.parent}", str(PATH / "native.cpp")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def _compiled(signature, *, function=0x1234, num_warps=4, shared=1024, scratch=0, **meta):
+    metadata = SimpleNamespace(num_warps=num_warps, shared=shared, global_scratch_size=scratch, num_ctas=1,
+                               launch_pdl=False, launch_cooperative_grid=False, profile_scratch_size=0)
+    for name, value in meta.items():
+        setattr(metadata, name, value)
+    return SimpleNamespace(metadata=metadata, function=function, src=SimpleNamespace(signature=signature))
+
+
+SIGNATURE = {"q": "*bf16", "o": "*bf16", "lse": "*fp32", "stride": "i32", "big": "i64", "scale": "fp32",
+             "flag": "u1", "BLOCK": "constexpr", "one": "constexpr"}
+
+
+def test_a_launch_is_described_argument_by_argument(op):
+    q = torch.zeros(2, 8)
+    o, lse = torch.zeros(2, 8), torch.zeros(16)
+    rows = lse.view(4, 4)                                   # a view of a buffer is that buffer
+    record = [(_compiled(SIGNATURE, scratch=128), (3, 2), (q, o, rows, 7, 2**40, 0.125, True, 64, 1))]
+    inputs, allocs, launches, outputs = op.native.describe_part(record, [q, None, o, lse], 2, [2, 3])
+    assert (inputs, outputs) == (2, [2, 3]) and allocs[0] is o and allocs[1] is lse
+    (function, grid, threads, shared, scratch, args), = launches
+    assert (function, grid, threads, shared, scratch) == (0x1234, [3, 2, 1], 128, 1024, 128 * 6)
+    n = op.native
+    assert args == [(n.BUFFER, 0), (n.BUFFER, 2), (n.BUFFER, 3), (n.INT32, 7), (n.INT64, 2**40),
+                    (n.FLOAT32, struct.unpack("<I", struct.pack("<f", 0.125))[0]), (n.INT8, 1)]
+
+
+@pytest.mark.parametrize("case", ["unknown pointer", "one object twice", "two objects one pointer", "a cluster",
+                                  "arguments missing", "a float where an int goes", "a tuple argument",
+                                  "no function"])
+def test_launches_that_cannot_be_repeated_are_refused(op, case):
+    q, o, lse = torch.zeros(2, 8), torch.zeros(2, 8), torch.zeros(16)
+    args = [q, o, lse, 7, 2**40, 0.125, True, 64, 1]
+    buffers, compiled = [q, None, o, lse], _compiled(SIGNATURE)
+    if case == "unknown pointer":
+        args[2] = torch.zeros(16)                            # a padded copy of lse, say
+    elif case == "one object twice":
+        buffers[1] = q
+    elif case == "two objects one pointer":
+        buffers[1] = q.view(16)
+    elif case == "a cluster":
+        compiled = _compiled(SIGNATURE, num_ctas=2)
+    elif case == "arguments missing":
+        args = args[:-1]
+    elif case == "a float where an int goes":
+        args[3] = 7.0
+    elif case == "a tuple argument":
+        compiled = _compiled({**SIGNATURE, "stride": ("i32", "i32")})
+    elif case == "no function":
+        compiled = _compiled(SIGNATURE, function=None)
+    assert op.native.describe_part([(compiled, (1,), tuple(args))], buffers, 2, [2, 3]) is None
+
+
+class _Stand:
+    """A stand-in for the built extension: answers ``result`` and keeps what it was given."""
+
+    def __init__(self, result):
+        self.result, self.calls, self.records = result, [], []
+
+    def attention(self, *args):
+        self.calls.append(args)
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+    def record(self, *args):
+        self.records.append(args)
+
+
+@pytest.fixture
+def stand_in(op, monkeypatch):
+    def install(result):
+        stand = _Stand(result)
+        monkeypatch.setattr(op.native, "_module", stand)
+        monkeypatch.setattr(op.native, "_started", True)     # no build may replace the stand-in
+        return stand
+    return install
+
+
+def _small(grad=False):
+    return [torch.randn(1, 2, 8, 16, device=runtime.DEVICE, dtype=torch.float32 if not runtime.ON_GPU
+                        else torch.float16, requires_grad=grad) for _ in range(3)]
+
+
+def test_a_plan_answers_the_call(op, stand_in):
+    q, k, v = _small()
+    stand = stand_in(sentinel := torch.ones(1))
+    assert op.attention(q, k, v, is_causal=True, window=4, scale=0.5) is sentinel
+    assert stand.calls == [(q, k, v, None, True, 0.5, False, 4, 0, "bhnd", op.plans.KERNELS)]
+
+
+@pytest.mark.parametrize("result", [None, TypeError("incompatible function arguments")])
+def test_no_plan_falls_back_to_python(op, stand_in, result):
+    q, k, v = _small()
+    stand = stand_in(result)
+    with op.native.off():
+        expected = op.attention(q, k, v, is_causal=True)
+    assert torch.equal(op.attention(q, k, v, is_causal=True), expected)
+    assert len(stand.calls) == 1
+    if not q.is_cuda:
+        assert stand.records == []                          # a CPU call is never recorded
+
+
+@pytest.mark.parametrize("options", [dict(window=True, is_causal=True), dict(scale=1), dict(sink_tokens=True),
+                                     dict(layout=b"bhnd")], ids=["window bool", "scale int", "sink_tokens bool",
+                                                                 "layout bytes"])
+def test_arguments_python_must_judge_never_reach_the_plans(op, stand_in, options):
+    """A plan's key would take True for 1 and b"bhnd" for "bhnd": such calls go to the Python path,
+    which accepts or refuses them as it always has."""
+    q, k, v = _small()
+    stand = stand_in(torch.ones(1))
+    try:
+        op.attention(q, k, v, **options)
+    except (TypeError, ValueError):
+        pass
+    assert stand.calls == []
+
+
+def test_compiling_or_a_dispatch_mode_never_reaches_the_plans(op, stand_in):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    stand = stand_in(torch.ones(1))
+    with FakeTensorMode() as mode:
+        q, k, v = (mode.from_tensor(t) for t in _small())
+        op.attention(q, k, v)
+    with op.native.off():
+        q, k, v = _small()
+        op.attention(q, k, v)
+    assert stand.calls == []
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the C++ path against the Python path, bit for bit.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built(op):
+    if not runtime.ON_GPU:
+        pytest.skip("needs a CUDA GPU")
+    module = op.native.build(wait=True)
+    assert module is not None, f"the C++ path did not build: {op.native.failure()}"
+    return module
+
+
+def _inputs(b, hq, hkv, n, d, *, layout, sinks, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (lambda h: (b, h, n, d)) if layout == "bhnd" else (lambda h: (b, n, h, d))
+    q = torch.randn(*shape(hq), device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(*shape(hkv), device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    s = torch.randn(hq, device="cuda", generator=gen) if sinks else None
+    return q, k, v, s
+
+
+CASES = {   # (B, Hq, Hkv, N, D, layout, options)
+    "tma bnhd causal window sinks gqa": (1, 8, 2, 256, 64, "bnhd", dict(is_causal=True, window=64, sinks=True)),
+    "tma bhnd dense d128": (2, 4, 4, 192, 128, "bhnd", {}),
+    "stage 9 d24 causal": (1, 4, 2, 100, 24, "bnhd", dict(is_causal=True, sink_tokens=3, window=16)),
+}
+
+
+def _call(op, q, k, v, s, layout, options):
+    options = {key: value for key, value in options.items() if key != "sinks"}
+    return op.attention(q, k, v, sinks=s, enable_gqa=q.shape[1 if layout == "bhnd" else 2] != k.shape[
+        1 if layout == "bhnd" else 2], layout=layout, **options)
+
+
+def _fwd_bwd(op, q, k, v, s, layout, options, do):
+    leaves = [t.detach().requires_grad_(True) if t is not None else None for t in (q, k, v, s)]
+    o = _call(op, *leaves, layout, options)
+    grads = torch.autograd.grad(o, [t for t in leaves if t is not None], do)
+    return o.detach(), grads
+
+
+@gpu
+@pytest.mark.parametrize("kernel_set", ["auto", "stage9"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_cpp_path_gives_the_python_paths_bits(op, built, case, kernel_set, monkeypatch):
+    monkeypatch.setattr(op.plans, "KERNELS", kernel_set)
+    b, hq, hkv, n, d, layout, options = CASES[case]
+    q, k, v, s = _inputs(b, hq, hkv, n, d, layout=layout, sinks=options.get("sinks", False))
+    do = torch.randn_like(q)
+    with op.native.off():
+        want = _fwd_bwd(op, q, k, v, s, layout, options, do)
+        with torch.no_grad():
+            want_o = _call(op, q, k, v, s, layout, options)
+    before = op.native.counts()
+    for _ in range(3):                                      # the first call records, the others replay
+        got = _fwd_bwd(op, q, k, v, s, layout, options, do)
+        with torch.no_grad():
+            got_o = _call(op, q, k, v, s, layout, options)
+    after = op.native.counts()
+    assert after["forward_runs"] - before["forward_runs"] >= 4 and after["backward_runs"] - before["backward_runs"] >= 2
+    assert torch.equal(got_o, want_o) and torch.equal(got[0], want[0])
+    assert got_o.stride() == want_o.stride() and got[0].stride() == want[0].stride()
+    for g, w in zip(got[1], want[1]):
+        assert torch.equal(g, w) and g.stride() == w.stride()
+
+
+@gpu
+def test_sinks_without_a_gradient_and_another_do_layout(op, built):
+    b, hq, hkv, n, d, layout, options = CASES["tma bnhd causal window sinks gqa"]
+    q, k, v, s = _inputs(b, hq, hkv, n, d, layout=layout, sinks=True, seed=1)
+    do = torch.randn_like(q)
+    for _ in range(2):
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        o = _call(op, *leaves, s, layout, options)
+        assert s.grad is None
+        torch.autograd.grad(o, leaves, do)
+    copies = op.native.counts()["do_copies"]
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    got = torch.autograd.grad(_call(op, *leaves, s, layout, options).sum(), leaves)    # dO of stride 0
+    assert op.native.counts()["do_copies"] == copies + 1
+    with op.native.off():
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        want = torch.autograd.grad(_call(op, *leaves, s, layout, options), leaves, torch.ones_like(q))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@gpu
+def test_a_key_it_cannot_describe_stays_in_python(op, built):
+    """Nq = 30: the TMA backward copies lse into padded rows, a buffer the plan does not have."""
+    q, k, v, s = _inputs(1, 4, 4, 30, 64, layout="bhnd", sinks=False, seed=2)
+    do = torch.randn_like(q)
+    before = op.native.counts()
+    for _ in range(3):
+        got = _fwd_bwd(op, q, k, v, None, "bhnd", {}, do)
+    after = op.native.counts()
+    assert after["backward_runs"] == before["backward_runs"]
+    with op.native.off():
+        want = _fwd_bwd(op, q, k, v, None, "bhnd", {}, do)
+    assert torch.equal(got[0], want[0]) and all(torch.equal(g, w) for g, w in zip(got[1], want[1]))
+
+
+@gpu
+def test_cuda_graphs_capture_the_cpp_path(op, built):
+    q, k, v, s = _inputs(1, 8, 2, 256, 64, layout="bnhd", sinks=True, seed=3)
+    options = dict(is_causal=True, window=64, sinks=True)
+    with torch.no_grad():
+        _call(op, q, k, v, s, "bnhd", options)              # recorded here
+        runs = op.native.counts()["forward_runs"]
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            o = _call(op, q, k, v, s, "bnhd", options)
+        assert op.native.counts()["forward_runs"] == runs + 1
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        with op.native.off():
+            want = _call(op, q, k, v, s, "bnhd", options)
+    torch.cuda.synchronize()
+    assert torch.equal(o, want)
+
+
+@gpu
+def test_a_side_stream_and_a_launch_hook(op, built):
+    import triton
+    q, k, v, s = _inputs(2, 4, 4, 128, 64, layout="bhnd", sinks=False, seed=4)
+    with torch.no_grad():
+        want = _call(op, q, k, v, None, "bhnd", {})
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            got = _call(op, q, k, v, None, "bhnd", {})
+        torch.cuda.current_stream().wait_stream(stream)
+        assert torch.equal(got, want)
+        seen = []
+        runs = op.native.counts()["forward_runs"]
+        hooks = triton.knobs.runtime.launch_enter_hook          # a chain of hooks, empty by default
+        hook = seen.append
+        hooks.add(hook)
+        try:
+            _call(op, q, k, v, None, "bhnd", {})
+        finally:
+            hooks.remove(hook)
+        assert seen and op.native.counts()["forward_runs"] == runs
+
+
+@gpu
+def test_a_sum_loop_and_aliased_inputs_are_recorded_once_they_can_be(op, built):
+    """A key first met with a .sum()'s dO (stride 0) is recorded with that dO copied into o's
+    layout; a call whose k is its v is not recorded (whose pointer is whose?), the next one is."""
+    q, k, v, s = _inputs(1, 4, 4, 64, 64, layout="bhnd", sinks=False, seed=5)
+    before = op.native.counts()
+    for _ in range(3):
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        got = torch.autograd.grad(op.attention(*leaves).sum(), leaves)
+    after = op.native.counts()
+    assert after["backward_runs"] - before["backward_runs"] == 2 and after["do_copies"] - before["do_copies"] == 2
+    with op.native.off():
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        want = torch.autograd.grad(op.attention(*leaves), leaves, torch.ones_like(q))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+    q, k, _, _ = _inputs(1, 4, 4, 64, 32, layout="bhnd", sinks=False, seed=6)
+    with torch.no_grad():
+        keys = op.native.counts()["keys"]
+        aliased = op.attention(q, k, k)
+        assert op.native.counts()["keys"] == keys               # not recorded
+        op.attention(q, k, k.clone())                           # the same key, recorded
+        assert op.native.counts()["keys"] == keys + 1
+        runs = op.native.counts()["forward_runs"]
+        again = op.attention(q, k, k)                           # and repeated, k passed twice
+        assert op.native.counts()["forward_runs"] == runs + 1 and torch.equal(again, aliased)
