@@ -251,6 +251,8 @@ def _add_bench(sub) -> None:
 
     p = kinds.add_parser("host", help="host time per call of solutions/attention_op's attention (and SDPA's)",
                          describe=_doc("grader.bench.host"))
+    p.add_argument("--repeat", type=int, default=1, help="time every case this many times over (default 1)")
+    p.add_argument("--json", metavar="PATH", help="write the runs, with the GPU's name, into this JSON file")
     p.set_defaults(command="bench host")
 
 
@@ -394,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                           json_path=args.json)
     if command == "bench host":
         from grader.bench import host
-        return host.main()
+        return host.main(repeat=args.repeat, json_path=args.json)
     if command == "sweep":
         from grader.testing import sweep
         return sweep.main(args.stages, seeds=args.seeds, first_seed=args.first_seed, exact_seeds=args.exact_seeds,

@@ -488,3 +488,15 @@ def test_the_notes_ranges_for_the_op_on_the_h200_are_the_committed_bench_s():
     notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
     assert (f"the op at {span('sdpa-cudnn')} cuDNN, {span('sdpa-flash')} FA2, and {span('flex')} FlexAttention "
             f"({span('flex', 'W128 ')} at window 128, {span('flex', 'W1024 ')} at window 1024)") in notes
+
+
+def test_the_host_table_in_the_notes_is_the_committed_run_s():
+    """docs/stage9-notes.md's table of host time per call is what grader/bench/host.py's summary makes
+    of docs/bench-host-h200.json, a run with the C++ path built, named with its GPU and versions."""
+    from grader.bench import host
+    doc = json.loads((ROOT / "docs" / "bench-host-h200.json").read_text())
+    notes = (ROOT / "docs" / "stage9-notes.md").read_text()
+    lines = host.summary(doc)
+    assert doc["native"] and len(lines) == 3 * len(doc["runs"]) >= 6
+    assert all(line in notes for line in lines), "\n".join(lines)
+    assert _names_its_run(notes, doc)

@@ -73,6 +73,7 @@ def test_every_documented_command_line_parses(where, args):
     (["bench", "report", "x.json"], "bench report", {"json": "x.json"}),
     (["bench", "train", "--sizes", "a,b"], "bench train", {"sizes": "a,b"}),
     (["bench", "host"], "bench host", {}),
+    (["bench", "host", "--repeat", "3", "--json", "h.json"], "bench host", {"repeat": 3, "json": "h.json"}),
     (["sweep", "stage1,stage2", "--seed", "3", "--seed", "4"], "sweep", {"exact_seeds": [3, 4]}),
     (["release", "--check"], "release", {"check_only": True}),
     (["stage1", "--memory-mb", "900", "--isolation", "none"], "grade", {"memory_mb": 900, "isolation": "none"}),
