@@ -129,7 +129,8 @@ def _free(path: Path) -> int | None:
 def cache_folders() -> dict[str, Path]:
     from kernels import cuda_build
     triton_cache = os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache"
-    return {"Triton's kernel cache": Path(triton_cache), "the CUDA stage's builds": cuda_build.cache_dir()}
+    return {"Triton's kernel cache": Path(triton_cache),
+            "the CUDA builds (stage 4, the op's C++ path)": cuda_build.cache_dir()}
 
 
 def _nvcc() -> str | None:

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from kernels import runtime
 from kernels.loader import ROOT, load_package
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,11 +81,15 @@ def test_a_launch_is_described_argument_by_argument(op):
     n = op.native
     assert args == [(n.BUFFER, 0), (n.BUFFER, 2), (n.BUFFER, 3), (n.INT32, 7), (n.INT64, 2**40),
                     (n.FLOAT32, struct.unpack("<I", struct.pack("<f", 0.125))[0]), (n.INT8, 1)]
+    # As launch.py records them: addresses, not tensors.
+    addresses = (n.Pointer(q.data_ptr()), n.Pointer(o.data_ptr()), n.Pointer(rows.data_ptr()))
+    record = [(_compiled(SIGNATURE, scratch=128), (3, 2), (*addresses, 7, 2**40, 0.125, True, 64, 1))]
+    assert n.describe_part(record, [q, None, o, lse], 2, [2, 3])[2] == launches
 
 
 @pytest.mark.parametrize("case", ["unknown pointer", "one object twice", "two objects one pointer", "a cluster",
-                                  "arguments missing", "a float where an int goes", "a tuple argument",
-                                  "no function"])
+                                  "arguments missing", "a float where an int goes", "an address where an int goes",
+                                  "a tuple argument", "no function", "scratch aligned wider"])
 def test_launches_that_cannot_be_repeated_are_refused(op, case):
     q, o, lse = torch.zeros(2, 8), torch.zeros(2, 8), torch.zeros(16)
     args = [q, o, lse, 7, 2**40, 0.125, True, 64, 1]
@@ -101,6 +106,10 @@ def test_launches_that_cannot_be_repeated_are_refused(op, case):
         args = args[:-1]
     elif case == "a float where an int goes":
         args[3] = 7.0
+    elif case == "an address where an int goes":
+        args[3] = op.native.Pointer(q.data_ptr())
+    elif case == "scratch aligned wider":
+        compiled = _compiled(SIGNATURE, scratch=128, global_scratch_align=1024)
     elif case == "a tuple argument":
         compiled = _compiled({**SIGNATURE, "stride": ("i32", "i32")})
     elif case == "no function":
@@ -159,11 +168,12 @@ def test_no_plan_falls_back_to_python(op, stand_in, result):
 
 
 @pytest.mark.parametrize("options", [dict(window=True, is_causal=True), dict(scale=1), dict(sink_tokens=True),
-                                     dict(layout=b"bhnd")], ids=["window bool", "scale int", "sink_tokens bool",
-                                                                 "layout bytes"])
+                                     dict(layout=b"bhnd"), dict(is_causal=np.True_), dict(enable_gqa=np.False_)],
+                         ids=["window bool", "scale int", "sink_tokens bool", "layout bytes", "is_causal numpy",
+                              "enable_gqa numpy"])
 def test_arguments_python_must_judge_never_reach_the_plans(op, stand_in, options):
-    """A plan's key would take True for 1 and b"bhnd" for "bhnd": such calls go to the Python path,
-    which accepts or refuses them as it always has."""
+    """A plan's key would take True for 1, b"bhnd" for "bhnd" and numpy's True for True: such calls go
+    to the Python path, which accepts or refuses them as it always has."""
     q, k, v = _small()
     stand = stand_in(torch.ones(1))
     try:
@@ -175,14 +185,34 @@ def test_arguments_python_must_judge_never_reach_the_plans(op, stand_in, options
 
 def test_compiling_or_a_dispatch_mode_never_reaches_the_plans(op, stand_in):
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):                           # real tensors, a mode about
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
     stand = stand_in(torch.ones(1))
     with FakeTensorMode() as mode:
         q, k, v = (mode.from_tensor(t) for t in _small())
         op.attention(q, k, v)
-    with op.native.off():
-        q, k, v = _small()
+    q, k, v = _small()
+    with Watch():
         op.attention(q, k, v)
+    with op.native.off():
+        op.attention(q, k, v)
+    torch._dynamo.reset()
+    compiled = torch.compile(op.attention, backend="eager", fullgraph=True)
+    assert compiled(q, k, v, is_causal=True).shape == q.shape   # traced: the op, not the stand-in's answer
     assert stand.calls == []
+
+
+def test_a_key_on_the_python_path_is_not_recorded_again(op, stand_in):
+    q, k, v = _small()
+    stand = stand_in(False)                                     # the extension's answer for such a key
+    with op.native.off():
+        expected = op.attention(q, k, v)
+    assert torch.equal(op.attention(q, k, v), expected)
+    assert len(stand.calls) == 1 and stand.records == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,17 +304,38 @@ def test_sinks_without_a_gradient_and_another_do_layout(op, built):
 
 
 @gpu
+@pytest.mark.skipif(not runtime.ON_GPU or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the TMA backward (compute capability 9) pads lse when Nq is not a multiple of 4")
 def test_a_key_it_cannot_describe_stays_in_python(op, built):
-    """Nq = 30: the TMA backward copies lse into padded rows, a buffer the plan does not have."""
+    """Nq = 30: the TMA backward copies lse into padded rows, a buffer the plan does not have.  The
+    key is recorded once, as the Python path's, and never again."""
     q, k, v, s = _inputs(1, 4, 4, 30, 64, layout="bhnd", sinks=False, seed=2)
     do = torch.randn_like(q)
+    got = _fwd_bwd(op, q, k, v, None, "bhnd", {}, do)
     before = op.native.counts()
     for _ in range(3):
         got = _fwd_bwd(op, q, k, v, None, "bhnd", {}, do)
     after = op.native.counts()
-    assert after["backward_runs"] == before["backward_runs"]
+    assert after["backward_runs"] == before["backward_runs"] and after["plans"] == before["plans"]
     with op.native.off():
         want = _fwd_bwd(op, q, k, v, None, "bhnd", {}, do)
+    assert torch.equal(got[0], want[0]) and all(torch.equal(g, w) for g, w in zip(got[1], want[1]))
+
+
+@gpu
+def test_saved_tensors_given_back_in_another_layout_are_copied(op, built):
+    """A saved-tensor hook (offloading, say) may give q, k, v, o and lse back contiguous: the C++
+    backward copies them into the layout its launches were recorded with."""
+    b, hq, hkv, n, d, layout, options = CASES["tma bnhd causal window sinks gqa"]
+    q, k, v, s = _inputs(b, hq, hkv, n, d, layout=layout, sinks=True, seed=7)
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))   # (B, N, H, D) in bhnd order
+    do = torch.randn_like(q)
+    for _ in range(2):                                          # recorded, then replayed
+        want = _fwd_bwd(op, q, k, v, s, layout, options, do)
+    copies = op.native.counts()["saved_copies"]
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.contiguous(), lambda t: t):
+        got = _fwd_bwd(op, q, k, v, s, layout, options, do)
+    assert op.native.counts()["saved_copies"] > copies
     assert torch.equal(got[0], want[0]) and all(torch.equal(g, w) for g, w in zip(got[1], want[1]))
 
 
@@ -310,18 +361,22 @@ def test_cuda_graphs_capture_the_cpp_path(op, built):
 
 @gpu
 def test_a_side_stream_and_a_launch_hook(op, built):
+    """A call on a side stream launches there: it finishes while the default stream still sleeps."""
     import triton
     q, k, v, s = _inputs(2, 4, 4, 128, 64, layout="bhnd", sinks=False, seed=4)
     with torch.no_grad():
-        want = _call(op, q, k, v, None, "bhnd", {})
+        want = _call(op, q, k, v, None, "bhnd", {})             # recorded
+        torch.cuda.synchronize()
+        runs = op.native.counts()["forward_runs"]
         stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        torch.cuda._sleep(2**30)                                # the default stream: busy for a while
         with torch.cuda.stream(stream):
             got = _call(op, q, k, v, None, "bhnd", {})
-        torch.cuda.current_stream().wait_stream(stream)
-        assert torch.equal(got, want)
+            got_host = got.cpu()                                # waits for the side stream only
+        assert not torch.cuda.current_stream().query(), "the default stream slept too briefly to tell"
+        assert op.native.counts()["forward_runs"] == runs + 1
+        assert torch.equal(got_host, want.cpu())
         seen = []
-        runs = op.native.counts()["forward_runs"]
         hooks = triton.knobs.runtime.launch_enter_hook          # a chain of hooks, empty by default
         hook = seen.append
         hooks.add(hook)
@@ -329,7 +384,7 @@ def test_a_side_stream_and_a_launch_hook(op, built):
             _call(op, q, k, v, None, "bhnd", {})
         finally:
             hooks.remove(hook)
-        assert seen and op.native.counts()["forward_runs"] == runs
+        assert seen and op.native.counts()["forward_runs"] == runs + 1
 
 
 @gpu

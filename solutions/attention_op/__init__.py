@@ -56,9 +56,10 @@ are called:
   everything else goes through the ops.  Each eager call of a shape seen before launches the
   compiled kernels it kept (``_Launch``), skipping the argument binding Triton redoes on every
   launch.
-* **Eager calls in C++ from the second call of a key on.**  native.py records what the Python path
-  launched for a call key (buffers, and each launch's function, grid and arguments) and native.cpp
-  repeats it: one call into C++, the kernels launched through the driver, one C++ autograd node.
+* **Eager calls in C++ once their key is recorded.**  native.py records what the Python path
+  launched for a call key (buffers, and each launch's function, grid and arguments: at the call
+  without a gradient, at the first backward with one) and native.cpp repeats it from then on: one
+  call into C++, the kernels launched through the driver, one C++ autograd node.
   ``python -m grader bench host`` times its host time per call beside SDPA's and the Python
   path's in the same process (docs/stage9-notes.md).
 

@@ -49,20 +49,26 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, sinks = ctx.saved_tensors
-        if ctx.raw is not None and (do.stride() != o.stride() or do.data_ptr() % 16
-                                    or not _recordable(q, k, v, sinks, o, lse, do)):
+        raw, forward_record = ctx.raw, ctx.record
+        ctx.raw = ctx.record = None                     # a second backward (retain_graph) records nothing
+        if raw is not None and raw[-1] != plans.KERNELS:
+            raw = None                                  # the kernel set changed since the forward: not its key's
+        if raw is not None and (do.stride() != o.stride() or do.data_ptr() % 16
+                                or not _recordable(q, k, v, sinks, o, lse, do)):
             # Recorded with a dO laid out as o (a .sum()'s dO has stride 0): the C++ path copies
             # any other dO into that layout the same way.
             do = torch.empty_like(o).copy_(do)
-        key = (ctx.key, _call_key(do))
-        record, keep = ([], {}) if ctx.raw is not None else (None, None)
+        # The saved tensors are in the key too: a saved-tensor hook may give them back with other strides.
+        key = (ctx.key, _call_key(do, q, k, v, o, lse))
+        record, keep = ([], {}) if raw is not None else (None, None)
         dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, *ctx.options, launch=_launcher(key, record),
                                        bnhd=ctx.bnhd, dsinks_wanted=ctx.needs_input_grad[3], key=key, keep=keep)
-        if ctx.raw is not None:     # the key's first backward: native.py repeats the call from now on
-            forward = native.describe_part(ctx.record, [q, k, v, sinks, o, lse], 4, [4, 5])
+        if raw is not None:         # the key's first backward: native.py repeats the call from now on
+            forward = native.describe_part(forward_record, [q, k, v, sinks, o, lse], 4, [4, 5])
             buffers = [q, k, v, o, lse, do, sinks, keep["delta"], keep["dsinks_part"], dq, dk, dv]
             backward = native.describe_part(record, buffers, 7, [9, 10, 11]) if forward is not None else None
-            _record(q, k, v, sinks, ctx.raw, True, forward if backward is not None else None, backward, do)
+            _record(q, k, v, sinks, raw, True, forward if backward is not None else None, backward, [q, k, v, o, lse],
+                    do)
         return dq, dk, dv, dsinks, None, None, None, None, None, None
 
 
@@ -76,11 +82,12 @@ def _recordable(*tensors) -> bool:
             and present[0].device.index == torch.cuda.current_device())
 
 
-def _record(q, k, v, sinks, raw, grad, forward, backward=None, do=None):
-    """Give native.py's C++ path a key's plan (``forward`` None: the key stays on the Python path)."""
+def _record(q, k, v, sinks, raw, grad, forward, backward=None, saved=(), do=None):
+    """Give native.py's C++ path a key's plan (``forward`` None: the key stays on the Python path);
+    with a gradient, the backward's part, its saved tensors and dO as that backward had them."""
     module = native.module()
     if module is not None:
-        module.record(q, k, v, sinks, *raw, grad, forward, backward, do, 8)   # 8: dsinks_part's buffer
+        module.record(q, k, v, sinks, *raw, grad, forward, backward, list(saved), do, 8)   # 8: dsinks_part
 
 
 def _fail(name: str, got, expected: str, layout: str):
@@ -201,7 +208,8 @@ def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, e
         if module is None:
             if q.is_cuda:
                 native.build()                          # once, in the background; the Python path meanwhile
-        elif (type(layout) is str and (window is None or type(window) is int) and type(sink_tokens) is int
+        elif (type(is_causal) is bool and type(enable_gqa) is bool and type(layout) is str
+              and (window is None or type(window) is int) and type(sink_tokens) is int
               and (scale is None or type(scale) is float) and _quiet(_hooks.launch_enter_hook)
               and _quiet(_hooks.launch_exit_hook) and launch.DIRECT_LAUNCH):
             try:
@@ -209,9 +217,9 @@ def attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, e
                                      plans.KERNELS)
             except TypeError:                           # an argument of the wrong type: checked below
                 o = None
-            if o is not None:
+            if o is not None and o is not False:
                 return o
-            if q.is_cuda:                               # no plan for this key yet: record this call's
+            if o is None and q.is_cuda:                 # no plan for this key yet: record this call's
                 raw = (is_causal, scale, enable_gqa, window, sink_tokens, layout, plans.KERNELS)
     if torch.compiler.is_compiling():                 # traced once; the sizes become guards
         window_arg, scale_arg = _validate(q, k, v, is_causal, scale, enable_gqa, window, sink_tokens, sinks, layout)

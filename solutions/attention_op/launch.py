@@ -15,6 +15,7 @@ import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 
 from . import plans
+from .native import Pointer
 from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9, tma_backward, tma_forward, tma_strides
 
 # =============================================================================================
@@ -63,7 +64,7 @@ class _Launch:
     """``launch(kernel)[grid](*args, **meta)`` as Triton spells it, through the kept compiled
     kernel when ``key`` has been seen, else through Triton, keeping what it compiled.  With a
     ``record`` list, each launch also appends ``(compiled kernel, grid, every parameter's value)``
-    to it, for native.py."""
+    to it, for native.py, a tensor as its address (``native.Pointer``)."""
     __slots__ = ("key", "kernel", "record")
 
     def __init__(self, key: tuple, record: list | None = None):
@@ -91,8 +92,9 @@ class _Launch:
                 params = list(kernel.signature.parameters.values())[len(args):]
                 tail = tuple(meta[p.name] if p.name in meta else p.default for p in params)
                 _compiled[(id(kernel), key)] = (compiled, torch.cuda.current_device(), tail)
-            if self.record is not None:
-                self.record.append((compiled, grid, (*args, *tail)))
+            if self.record is not None:                 # addresses, not tensors: no reference cycle through o
+                self.record.append((compiled, grid, tuple(Pointer(a.data_ptr()) if isinstance(a, torch.Tensor)
+                                                          else a for a in (*args, *tail))))
         return run
 
 

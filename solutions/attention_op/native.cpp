@@ -14,9 +14,9 @@
 //            kernel launch as Triton made it: the compiled function, grid, threads, shared memory,
 //            global scratch, and every non-constexpr argument as a buffer index or a constant.
 //   autograd one C++ node (torch::autograd::Function) whose backward replays the backward plan.
-//            A dO whose strides, dtype or alignment differ from the one recorded is copied into
-//            the recorded layout first, so the recorded kernels always meet what they were
-//            compiled for.
+//            A dO (or, through a saved-tensor hook, a saved q, k, v, o or lse) whose strides,
+//            dtype or alignment differ from the ones recorded is copied into the recorded layout
+//            first, so the recorded kernels always meet what they were compiled for.
 //
 // solutions/attention_op/native.py records the plans (from the Python path's own launches), builds
 // this file on first use, and says when the C++ path is not taken.  Nothing here chooses a kernel
@@ -96,6 +96,29 @@ struct Part {
     int64_t scratch = 0;         // bytes of scratch for all launches, each rounded up to 256
 };
 
+struct Layout {
+    std::vector<int64_t> sizes, strides;
+    c10::ScalarType dtype;
+    bool aligned;   // a start on 16 bytes, which Triton specialized the kernels for
+
+    explicit Layout(const at::Tensor& t)
+        : sizes(t.sizes().vec()), strides(t.strides().vec()), dtype(t.scalar_type()),
+          aligned(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) {}
+
+    // t itself when it has this layout, else a copy in this layout.
+    at::Tensor fit(const at::Tensor& t, std::atomic<int64_t>& copies) const {
+        bool t_aligned = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+        if (t.sizes() == c10::IntArrayRef(sizes) && t.strides() == c10::IntArrayRef(strides) &&
+            t.scalar_type() == dtype && (t_aligned || !aligned)) {
+            return t;
+        }
+        ++copies;
+        at::Tensor fixed = at::empty_strided(sizes, strides, t.options().dtype(dtype));
+        fixed.copy_(t);
+        return fixed;
+    }
+};
+
 struct Plan {
     bool native = false;   // false: this key stays on the Python path
     bool has_sinks = false;
@@ -104,9 +127,10 @@ struct Plan {
     bool has_backward = false;
     Part backward;
     int64_t dsinks_part = -1;   // the backward buffer whose sum over (0, 2) is dsinks
-    std::vector<int64_t> do_sizes, do_strides;
-    c10::ScalarType do_dtype = c10::ScalarType::Undefined;
-    bool do_aligned = false;
+    // The backward's inputs (q, k, v, o, lse, dO; not sinks) as recorded: the launches' strides are
+    // constants, so a tensor that comes back otherwise (dO of another layout; q, k, v, o or lse
+    // through a saved-tensor hook) is copied into this layout first.
+    std::vector<Layout> saved;
 };
 
 struct KeyHash {
@@ -122,7 +146,7 @@ struct KeyHash {
 std::mutex table_lock;
 std::unordered_map<std::vector<int64_t>, int64_t, KeyHash> table;   // key -> index into plans
 std::vector<std::shared_ptr<Plan>> plans;    // never shrinks: a node may outlive clear()
-std::atomic<int64_t> forward_runs{0}, backward_runs{0}, do_copies{0};
+std::atomic<int64_t> forward_runs{0}, backward_runs{0}, do_copies{0}, saved_copies{0};
 
 // A backward runs on autograd's threads while a Python thread may record: read under the lock.
 std::shared_ptr<const Plan> plan_at(int64_t index) {
@@ -196,6 +220,7 @@ void run_part(const Part& part, std::vector<at::Tensor>& buffers, const c10::Dev
     std::vector<uint64_t> slots;
     std::vector<void*> params;
     for (const Launch& l : part.launches) {
+        if (static_cast<uint64_t>(l.grid[0]) * l.grid[1] * l.grid[2] == 0) continue;   // as Triton's launcher
         size_t n = l.args.size();
         slots.assign(n + 2, 0);   // + Triton's global and profile scratch pointers
         params.resize(n + 2);
@@ -252,21 +277,15 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         auto held = plan_at(ctx->saved_data["plan"].toInt());
         const Plan& plan = *held;
         auto saved = ctx->get_saved_variables();
-        const at::Tensor& q = saved[0];
-        at::Tensor d_o = grads[0];
-        c10::cuda::CUDAGuard guard(q.device());
-        bool aligned = reinterpret_cast<uintptr_t>(d_o.data_ptr()) % 16 == 0;
-        if (d_o.sizes() != c10::IntArrayRef(plan.do_sizes) || d_o.strides() != c10::IntArrayRef(plan.do_strides) ||
-            d_o.scalar_type() != plan.do_dtype || (plan.do_aligned && !aligned)) {
-            at::Tensor fixed = at::empty_strided(plan.do_sizes, plan.do_strides,
-                                                 d_o.options().dtype(plan.do_dtype));
-            fixed.copy_(d_o);
-            d_o = fixed;
-            ++do_copies;
-        }
-        std::vector<at::Tensor> buffers{saved[0], saved[1], saved[2], saved[3], saved[4], d_o, saved[5]};
+        c10::cuda::CUDAGuard guard(saved[0].device());
+        std::vector<at::Tensor> buffers{plan.saved[0].fit(saved[0], saved_copies),
+                                        plan.saved[1].fit(saved[1], saved_copies),
+                                        plan.saved[2].fit(saved[2], saved_copies),
+                                        plan.saved[3].fit(saved[3], saved_copies),
+                                        plan.saved[4].fit(saved[4], saved_copies),
+                                        plan.saved[5].fit(grads[0], do_copies), saved[5]};
         buffers.reserve(7 + plan.backward.allocs.size());
-        run_part(plan.backward, buffers, q.device());
+        run_part(plan.backward, buffers, buffers[0].device());
         ++backward_runs;
         at::Tensor dsinks;
         if (plan.has_sinks && ctx->needs_input_grad(3)) {
@@ -317,7 +336,8 @@ Part make_part(const PartDesc& desc) {
 
 }  // namespace
 
-// The call: its output, or None when this key has no plan (the caller takes the Python path).
+// The call: its output; None when this key has no plan yet (the caller takes the Python path and
+// records it), False when its plan is the Python path (the caller takes it, and records nothing).
 py::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const std::optional<at::Tensor>& sinks, bool causal, std::optional<double> scale, bool gqa,
                      std::optional<int64_t> window, int64_t sink_tokens, const std::string& layout,
@@ -336,7 +356,7 @@ py::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         index = found->second;
         plan = plans[index];
     }
-    if (!plan->native) return py::none();
+    if (!plan->native) return py::bool_(false);   // recorded as the Python path's: not to be recorded again
     const at::Tensor& s = sinks.has_value() ? *sinks : plan->no_sinks;
     if (grad) return py::cast(AttentionFunction::apply(q, k, v, s, index));
     return py::cast(run_forward(*plan, q, k, v, s)[0]);
@@ -347,7 +367,8 @@ py::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 void record(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& sinks,
             bool causal, std::optional<double> scale, bool gqa, std::optional<int64_t> window, int64_t sink_tokens,
             const std::string& layout, const std::string& kernels, bool grad, const std::optional<PartDesc>& forward,
-            const std::optional<PartDesc>& backward, const std::optional<at::Tensor>& d_o, int64_t dsinks_part) {
+            const std::optional<PartDesc>& backward, const std::vector<at::Tensor>& saved,
+            const std::optional<at::Tensor>& d_o, int64_t dsinks_part) {
     auto plan = std::make_shared<Plan>();
     plan->has_sinks = sinks.has_value();
     if (!plan->has_sinks) plan->no_sinks = at::empty({0}, q.options().dtype(at::kFloat));
@@ -362,17 +383,19 @@ void record(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
                         "record: the backward takes q, k, v, o, lse, dO, sinks and gives dq, dk, dv");
             int64_t buffers = 7 + static_cast<int64_t>(plan->backward.allocs.size());
             TORCH_CHECK(dsinks_part >= 0 && dsinks_part < buffers, "record: dsinks_part out of range");
+            TORCH_CHECK(saved.size() == 5, "record: the backward needs q, k, v, o and lse as saved");
             plan->has_backward = true;
             plan->dsinks_part = dsinks_part;
-            plan->do_sizes = d_o->sizes().vec();
-            plan->do_strides = d_o->strides().vec();
-            plan->do_dtype = d_o->scalar_type();
-            plan->do_aligned = reinterpret_cast<uintptr_t>(d_o->data_ptr()) % 16 == 0;
+            for (const at::Tensor& t : saved) plan->saved.emplace_back(t);
+            plan->saved.emplace_back(*d_o);
         }
         plan->native = true;
     }
     auto key = make_key(q, k, v, sinks, causal, scale, gqa, window, sink_tokens, layout, kernels, grad);
     std::lock_guard<std::mutex> hold(table_lock);
+    // A key recorded twice (two of its calls were on their way before the first was recorded)
+    // keeps its first plan: nodes made since hold its index.
+    if (table.count(key)) return;
     plans.push_back(plan);
     table[key] = static_cast<int64_t>(plans.size()) - 1;
 }
@@ -392,6 +415,8 @@ py::dict counts() {
     d["forward_runs"] = forward_runs.load();
     d["backward_runs"] = backward_runs.load();
     d["do_copies"] = do_copies.load();
+    d["saved_copies"] = saved_copies.load();
+    d["plans"] = static_cast<int64_t>(plans.size());
     return d;
 }
 

@@ -3,23 +3,30 @@
 The Python path (api.py, launch.py) spends its host time on rebuilding each launch's arguments,
 on Triton's Python launcher, and on a Python ``autograd.Function``.  None of that changes between
 two calls with the same call key (every tensor's sizes, strides, dtype, device and 16-byte
-alignment, and the options), so the first call of a key runs the Python path with a recorder
-(``_Launch.record``) and gives native.cpp what it did: the buffers it allocated and every launch,
-each argument a buffer or a constant.  Later calls of that key are one call into C++, which
-allocates, launches the same compiled kernels on the current stream and, when a gradient is
-wanted, makes one C++ autograd node whose backward replays the recorded backward.
+alignment, and the options), so a key's call is recorded once (``_Launch.record``) and native.cpp
+is given what it did: the buffers it allocated and every launch, each argument a buffer or a
+constant.  A call without a gradient is recorded as it runs; one with a gradient at its first
+backward.  Later calls of that key are one call into C++, which allocates, launches the same
+compiled kernels on the current stream and, when a gradient is wanted, makes one C++ autograd node
+whose backward replays the recorded backward (a dO, or a tensor a saved-tensor hook gives back,
+in another layout than recorded is copied into the recorded one first).  The kernels and their
+arguments are the Python path's, so are the results (tests/test_attention_native.py compares
+the bits).
 
-When the C++ path is not taken, the Python path runs as before, so results never depend on it:
+The Python path runs as before:
 
-* before the extension is built.  It is built on the first eager call on a CUDA GPU, in a
+* until the extension is built.  It is built on the first eager call on a CUDA GPU, in a
   background thread (torch.utils.cpp_extension, kept in the user's cache), and used once loaded;
   ``build(wait=True)`` waits for it.  ``WORKBOOK_NATIVE=0`` turns it off.
 * on a Triton whose launch convention native.cpp was not written for (``TRITONS``);
 * while a Triton launch hook is set (a profiler's): C++ launches would not call it;
-* when a launch cannot be described: a pointer argument that is none of the call's buffers (the
-  TMA backward's padded copy of lse when Nq is not a multiple of 4), or two of the call's tensors
-  that are one object, so that their roles cannot be told apart.
-* under ``torch.compile``, fake tensors or a dispatch mode (api.py sends those to the ops).
+* for a key whose launches cannot be described: a pointer argument that is none of the call's
+  buffers (the TMA backward's padded copy of lse when Nq is not a multiple of 4).  Such a key is
+  recorded as the Python path's and not tried again;
+* for a call two of whose tensors start at one address (k passed as v): which is which could not
+  be told from the launches, so it is not recorded (a later call of its key may be);
+* under ``torch.compile``, fake tensors or a dispatch mode (api.py sends those to the ops), and
+  for arguments of a type only the Python path judges (a bool as the window, say).
 
 ``counts()`` says how many keys have plans and how many calls ran in C++ (the tests use it).
 """
@@ -31,6 +38,7 @@ import hashlib
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -81,6 +89,24 @@ def failure() -> str | None:
     return _failure
 
 
+#: A build lock older than this was left by a process that died while building (a build takes
+#: about a minute); torch.utils.cpp_extension would wait for it forever.
+STALE_LOCK_S = 600
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """Wait for another process's build (its lock), or remove a lock left behind by a dead one."""
+    while lock.exists():
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(1)
+
+
 def _build() -> None:
     global _module, _failure
     try:
@@ -92,6 +118,7 @@ def _build() -> None:
         name = f"attention_op_native_{digest}"
         build_dir = cuda_build.cache_dir() / name
         build_dir.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(build_dir / "lock")
         copy = build_dir / "native.cpp"            # a path that stays put, for ninja's record
         if not copy.exists() or copy.read_text() != text:
             copy.write_text(text)
@@ -101,9 +128,9 @@ def _build() -> None:
         _failure = f"{type(error).__name__}: {error}"
 
 
-def build(*, wait: bool = False):
+def build(*, wait: bool = False, timeout: float = 1200):
     """Start building the extension (once per process) if ``enabled()``; with ``wait``, return it
-    when built (None if the build failed or the path is off)."""
+    when built (None if the build failed, took longer than ``timeout`` seconds, or the path is off)."""
     global _thread, _started
     if not _started and not _off:
         _started = True
@@ -111,8 +138,8 @@ def build(*, wait: bool = False):
             _thread = threading.Thread(target=_build, name="attention_op native build", daemon=True)
             _thread.start()
     if wait and _thread is not None:
-        _thread.join()
-    return _module
+        _thread.join(timeout)
+    return module()
 
 
 def counts() -> dict:
@@ -140,11 +167,17 @@ def _float_bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
+class Pointer(int):
+    """A tensor argument of a recorded launch, as the address Triton passes (launch.py keeps no tensor)."""
+
+
 def _buffer_index(value, buffers: list) -> int | None:
     """The one buffer whose data starts where ``value``'s does (a view of lse is lse), or None."""
-    if not isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor):
+        value = Pointer(value.data_ptr())
+    if not isinstance(value, Pointer):
         return None
-    found = [i for i, b in enumerate(buffers) if b is not None and b.data_ptr() == value.data_ptr()]
+    found = [i for i, b in enumerate(buffers) if b is not None and b.data_ptr() == value]
     return found[0] if len(found) == 1 else None
 
 
@@ -163,7 +196,8 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
     for compiled, grid, args in record:
         meta = compiled.metadata
         if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_pdl", False)
-                or getattr(meta, "launch_cooperative_grid", False) or getattr(meta, "profile_scratch_size", 0)):
+                or getattr(meta, "launch_cooperative_grid", False) or getattr(meta, "profile_scratch_size", 0)
+                or getattr(meta, "global_scratch_align", 1) > 256):     # native.cpp places scratch on 256 bytes
             return None
         signature = list(compiled.src.signature.values())
         if len(signature) != len(args) or compiled.function is None:
@@ -179,7 +213,7 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
                 if index is None:
                     return None
                 described.append((BUFFER, index))
-            elif kind in _INTS and isinstance(value, (bool, int)):
+            elif kind in _INTS and isinstance(value, (bool, int)) and not isinstance(value, Pointer):
                 described.append((_INTS[kind], int(value)))
             elif kind in ("fp32", "f32") and isinstance(value, (int, float)):
                 described.append((FLOAT32, _float_bits(float(value))))
