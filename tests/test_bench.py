@@ -500,3 +500,6 @@ def test_the_host_table_in_the_notes_is_the_committed_run_s():
     assert doc["native"] and len(lines) == 3 * len(doc["runs"]) >= 6
     assert all(line in notes for line in lines), "\n".join(lines)
     assert _names_its_run(notes, doc)
+    python_vs_sdpa = [run[python]["host_us"] / run[sdpa]["host_us"]
+                      for run in doc["runs"] for _, _, python, sdpa in host.CALLS]
+    assert "Python path still cost two to three times SDPA's" in notes and all(2 <= r <= 3 for r in python_vs_sdpa)

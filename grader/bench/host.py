@@ -5,8 +5,9 @@
 
 At a size small enough that the GPU waits for the host (B1 Hq8/Hkv2 N128 D64, causal, window 64,
 learned sinks, ``bnhd``), each case runs ``calls`` times, in blocks taken in turn with the other
-cases' blocks; its host time is a block's time per call before it synchronizes, its wall time the
-same after, each the median over the blocks.  The cases are the op's entry
+cases' blocks (each round starting one case later, the garbage collector run between blocks and
+off within them); its host time is a block's time per call before it synchronizes, its wall time
+the same after, each the median over the blocks.  The cases are the op's entry
 (forward and backward, forward, forward under no_grad), the same on its Python path (without
 native.py's C++ path), its parts (the forward op through the dispatcher, the bare forward
 kernel's launch), stage 9's ``attention`` and PyTorch's SDPA at the same size (no window, no
@@ -18,6 +19,7 @@ Last, the GPU time of one forward, from a CUDA graph's replay.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import time
@@ -124,20 +126,33 @@ def host_overhead(*, calls: int = 2000, blocks: int = 10, batch=1, heads=8, kv_h
         for _ in range(50):
             fn()
     torch.cuda.synchronize()
-    # Blocks of calls taken in turn, case after case: a host whose speed drifts during the run
-    # (clocks, other processes, autograd's worker thread waking) weighs on every case alike.
+    # Blocks of calls taken in turn, case after case, each round starting one case later: a host
+    # whose speed drifts during the run (clocks, other processes, autograd's worker thread waking)
+    # weighs on every case alike, and no case always follows the same one.  The garbage collector
+    # runs between blocks only, so that one case's garbage is not collected in another's time.
     per = max(1, calls // blocks)
+    names = list(cases)
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
-    for _ in range(blocks):
-        for name, fn in cases.items():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(per):
-                fn()
-            host = time.perf_counter() - start
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - start
-            samples[name].append((host / per * 1e6, wall / per * 1e6))
+    collecting = gc.isenabled()
+    try:
+        for round_ in range(blocks):
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                fn = cases[name]
+                gc.collect()
+                gc.disable()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(per):
+                    fn()
+                host = time.perf_counter() - start
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - start
+                if collecting:
+                    gc.enable()
+                samples[name].append((host / per * 1e6, wall / per * 1e6))
+    finally:
+        if collecting:
+            gc.enable()
     result = {}
     for name, times in samples.items():
         hosts = sorted(t[0] for t in times)
