@@ -112,6 +112,38 @@ def _defines(defines: dict[str, int]) -> list[str]:
     return [f"-D{name}={value}" for name, value in sorted(defines.items())]
 
 
+#: A build lock older than this was left by a process that died while building (a build takes a
+#: minute or so); torch.utils.cpp_extension would wait for it forever.
+STALE_LOCK_S = 600
+
+
+def clear_stale_lock(build_dir: Path) -> None:
+    """Wait while another process builds in ``build_dir`` (its ``lock``), or remove a lock left
+    behind by one that died."""
+    lock = build_dir / "lock"
+    while lock.exists():
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(1)
+
+
+def stable_source(build_dir: Path, filename: str, text: str) -> Path:
+    """``build_dir/filename`` holding ``text``, the folder made and any stale build lock cleared.
+    A build compiles this copy: its path stays the same from run to run (the caller's file may
+    live in a temporary folder), so ninja's record stays valid."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(build_dir)
+    copy = build_dir / filename
+    if not copy.exists() or copy.read_text() != text:
+        copy.write_text(text)
+    return copy
+
+
 def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CUDA kernel",
          verbose: bool = False, arch: str | None = None) -> ctypes.CDLL:
     """Compile ``source`` with ``defines`` for this GPU (first use only) and return it as a ctypes library.
@@ -135,12 +167,7 @@ def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CU
         check_nvcc_for(arch)
         config = " ".join(f"{k}={v}" for k, v in defines.items())
         print(f"compiling {label} for {config} (first use only, ~1 min)...", flush=True)
-        build_dir.mkdir(parents=True, exist_ok=True)
-        # Compile a copy kept in the build folder: its path stays the same from run to run
-        # (the caller's file may live in a temporary folder), so ninja's record stays valid.
-        copy = build_dir / "kernel.cu"
-        if not copy.exists() or copy.read_text() != text:
-            copy.write_text(text)
+        copy = stable_source(build_dir, "kernel.cu", text)
         from torch.utils.cpp_extension import load as cpp_load
         started = time.monotonic()
         cpp_load(name=name, sources=[str(copy)], build_directory=str(build_dir), is_python_module=False,

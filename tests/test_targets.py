@@ -273,3 +273,25 @@ def test_new_tiles_give_the_same_answer_in_the_interpreter(monkeypatch, table, h
     for name, a, b in zip(names, got, expected):
         assert not a.isnan().any(), f"{name}: NaN with {table} tile {block_m}x{block_n} at D{head_dim}"
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"{name} with {table} tile {block_m}x{block_n}")
+
+
+def test_a_build_lock_left_by_a_dead_process_is_cleared_and_a_live_one_waited_for(tmp_path):
+    """torch.utils.cpp_extension waits forever on a build folder's lock; a process killed while
+    building leaves one behind.  A stale lock is removed; a fresh one is waited for until its
+    builder removes it."""
+    import threading
+    import time
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - cuda_build.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    copy = cuda_build.stable_source(tmp_path, "native.cpp", "int x;\n")
+    assert not lock.exists() and copy.read_text() == "int x;\n"
+
+    lock.touch()                                           # a build in progress, finished by another "process"
+    builder = threading.Timer(0.3, lock.unlink)
+    builder.start()
+    cuda_build.clear_stale_lock(tmp_path)
+    builder.join()
+    assert not lock.exists()
+    assert cuda_build.stable_source(tmp_path, "native.cpp", "int x;\n") == copy     # unchanged text, same copy
