@@ -124,7 +124,6 @@ struct Plan {
     bool has_sinks = false;
     at::Tensor no_sinks;   // stands in for absent sinks: autograd's inputs must be defined tensors
     Part forward;
-    bool has_backward = false;
     Part backward;
     int64_t dsinks_part = -1;   // the backward buffer whose sum over (0, 2) is dsinks
     // The backward's inputs (q, k, v, o, lse, dO; not sinks) as recorded: the launches' strides are
@@ -384,7 +383,6 @@ void record(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
             int64_t buffers = 7 + static_cast<int64_t>(plan->backward.allocs.size());
             TORCH_CHECK(dsinks_part >= 0 && dsinks_part < buffers, "record: dsinks_part out of range");
             TORCH_CHECK(saved.size() == 5, "record: the backward needs q, k, v, o and lse as saved");
-            plan->has_backward = true;
             plan->dsinks_part = dsinks_part;
             for (const at::Tensor& t : saved) plan->saved.emplace_back(t);
             plan->saved.emplace_back(*d_o);

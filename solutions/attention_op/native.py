@@ -38,7 +38,6 @@ import hashlib
 import os
 import struct
 import threading
-import time
 from pathlib import Path
 
 import torch
@@ -89,24 +88,6 @@ def failure() -> str | None:
     return _failure
 
 
-#: A build lock older than this was left by a process that died while building (a build takes
-#: about a minute); torch.utils.cpp_extension would wait for it forever.
-STALE_LOCK_S = 600
-
-
-def _clear_stale_lock(lock: Path) -> None:
-    """Wait for another process's build (its lock), or remove a lock left behind by a dead one."""
-    while lock.exists():
-        try:
-            age = time.time() - lock.stat().st_mtime
-        except FileNotFoundError:
-            return
-        if age > STALE_LOCK_S:
-            lock.unlink(missing_ok=True)
-            return
-        time.sleep(1)
-
-
 def _build() -> None:
     global _module, _failure
     try:
@@ -117,11 +98,7 @@ def _build() -> None:
         digest = hashlib.sha256("\n".join([text, torch.__version__]).encode()).hexdigest()[:16]
         name = f"attention_op_native_{digest}"
         build_dir = cuda_build.cache_dir() / name
-        build_dir.mkdir(parents=True, exist_ok=True)
-        _clear_stale_lock(build_dir / "lock")
-        copy = build_dir / "native.cpp"            # a path that stays put, for ninja's record
-        if not copy.exists() or copy.read_text() != text:
-            copy.write_text(text)
+        copy = cuda_build.stable_source(build_dir, "native.cpp", text)
         _module = load(name=name, sources=[str(copy)], build_directory=str(build_dir), with_cuda=True,
                        extra_cflags=["-O2"], verbose=False)
     except Exception as error:                     # noqa: BLE001 - any failure leaves the Python path
@@ -172,13 +149,13 @@ class Pointer(int):
 
 
 def _buffer_index(value, buffers: list) -> int | None:
-    """The one buffer whose data starts where ``value``'s does (a view of lse is lse), or None."""
+    """The buffer whose data starts where ``value``'s does (a view of lse is lse), or None."""
     if isinstance(value, torch.Tensor):
         value = Pointer(value.data_ptr())
     if not isinstance(value, Pointer):
         return None
     found = [i for i, b in enumerate(buffers) if b is not None and b.data_ptr() == value]
-    return found[0] if len(found) == 1 else None
+    return found[0] if found else None                  # one at most: describe_part refuses shared addresses
 
 
 def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tuple | None:
@@ -190,8 +167,8 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
     one) and then what the body allocated; ``outputs`` the buffers returned.
     """
     present = [b for b in buffers if b is not None]
-    if len({id(b) for b in present}) != len(present) or len({b.data_ptr() for b in present}) != len(present):
-        return None                                         # two roles, one tensor: which is which?
+    if len({b.data_ptr() for b in present}) != len(present):
+        return None                                         # two roles at one address: which is which?
     launches = []
     for compiled, grid, args in record:
         meta = compiled.metadata
