@@ -37,7 +37,7 @@ ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_120")
 MIN_CAPABILITY = (8, 0)
 #: nvcc releases that first compile for an architecture (older ones stop with 'unsupported gpu architecture').
 NVCC_FOR_ARCH = {"sm_100": (12, 8), "sm_120": (12, 8), "sm_90": (11, 8), "sm_89": (11, 8)}
-_loaded: dict[str, ctypes.CDLL] = {}
+_loaded: dict[Path, ctypes.CDLL] = {}
 
 
 def cache_dir() -> Path:
@@ -144,25 +144,31 @@ def stable_source(build_dir: Path, filename: str, text: str) -> Path:
     return copy
 
 
+def library_path(source: Path, text: str, defines: dict[str, int], arch: str) -> Path:
+    """Where ``load`` keeps the build of ``source`` (holding ``text``) with ``defines`` for ``arch``."""
+    import torch
+    key_text = "\n".join([text, repr(sorted(defines.items())), arch, " ".join(FLAGS), torch.__version__])
+    name = f"{source.stem}_{hashlib.sha256(key_text.encode()).hexdigest()[:16]}"
+    return cache_dir() / name / f"{name}.so"
+
+
 def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CUDA kernel",
          verbose: bool = False, arch: str | None = None) -> ctypes.CDLL:
     """Compile ``source`` with ``defines`` for this GPU (first use only) and return it as a ctypes library.
 
     ``arch`` overrides the GPU's architecture, e.g. 'sm_90a' for a kernel that uses wgmma.
     """
-    import torch
     source = Path(source)
     text = source.read_text()
     if arch is None:
         check_device()
     arch = arch or device_arch()
-    key_text = "\n".join([text, repr(sorted(defines.items())), arch, " ".join(FLAGS), torch.__version__])
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
-    if key in _loaded:
-        return _loaded[key]
-    name = f"{source.stem}_{key}"
-    build_dir = cache_dir() / name
-    library = build_dir / f"{name}.so"
+    library = library_path(source, text, defines, arch)
+    if library in _loaded:
+        return _loaded[library]
+    build_dir, name = library.parent, library.stem
+    if build_dir.exists():
+        clear_stale_lock(build_dir)       # another process may be writing the library right now
     if not library.exists():
         check_nvcc_for(arch)
         config = " ".join(f"{k}={v}" for k, v in defines.items())
@@ -175,7 +181,7 @@ def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CU
         if verbose:
             print(f"built {library} in {time.monotonic() - started:.0f} s", flush=True)
     lib = ctypes.CDLL(str(library))
-    _loaded[key] = lib
+    _loaded[library] = lib
     return lib
 
 

@@ -295,3 +295,37 @@ def test_a_build_lock_left_by_a_dead_process_is_cleared_and_a_live_one_waited_fo
     builder.join()
     assert not lock.exists()
     assert cuda_build.stable_source(tmp_path, "native.cpp", "int x;\n") == copy     # unchanged text, same copy
+
+
+def test_a_library_another_process_is_still_writing_is_waited_for(tmp_path, monkeypatch):
+    """Two processes loading one kernel (pytest -n): the second finds the library on disk while the
+    first's build still holds the folder's lock, the linker half way through the file.  It waits
+    for the lock to go before loading, instead of failing on a file too short."""
+    import shutil
+    import threading
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to make a shared library with")
+    monkeypatch.setenv("WORKBOOK_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "kernel.cu"
+    source.write_text("// a stand-in: the library below is what a build would leave\n")
+    library = cuda_build.library_path(source, source.read_text(), {"X": 1}, "sm_90a")
+    library.parent.mkdir(parents=True)
+    built = tmp_path / "built.so"
+    c_file = tmp_path / "answer.c"
+    c_file.write_text("int answer(void) { return 42; }\n")
+    subprocess.run([compiler, "-shared", "-fPIC", str(c_file), "-o", str(built)], check=True)
+    lock = library.parent / "lock"
+    lock.touch()
+    library.write_bytes(built.read_bytes()[:100])              # the first process's linker, part way
+
+    def finish():
+        shutil.copyfile(built, library)
+        lock.unlink()
+    builder = threading.Timer(0.5, finish)
+    builder.start()
+    try:
+        lib = cuda_build.load(source, defines={"X": 1}, arch="sm_90a")
+    finally:
+        builder.join()
+    assert lib.answer() == 42
