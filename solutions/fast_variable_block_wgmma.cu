@@ -6,13 +6,23 @@
 // One thread block: a producer warpgroup and WARPGROUPS consumer warpgroups of 64 query rows.
 //
 //   producer (one thread)                       consumer warpgroup w (rows 64 w .. 64 w + 63)
-//   Q tile -> bar_q                             wait bar_q
-//   for each key block j, stage s = j % STAGES: for each key block j:
-//     wait empty_k[s]; K_j -> full_k[s]           wait full_k[s]; issue S = Q K_j^T
-//     wait empty_v[s]; V_j -> full_v[s]           wait full_v[s-1]; issue O += P_{j-1} V_{j-1}
+//   Q tile -> bar_q                             wait bar_q; block 0: S, softmax -> P_0
+//   for each key block j, stage s = j % STAGES: for each key block j >= 1:
+//     wait empty_k[s]; K_j -> full_k[s]           wait full_k[s]; [wait for its turn]
+//     wait empty_v[s]; V_j -> full_v[s]           issue S = Q K_j^T; wait full_v[s-1];
+//                                                 issue O += P_{j-1} V_{j-1}; [pass the turn on]
 //                                                 wait for S; arrive empty_k[s]; softmax -> P_j
 //                                                 wait for P V; arrive empty_v[s-1]; rescale O
 //                                               O += P_last V_last; O / l -> TMA store
+//
+// The turns (PINGPONG=1, FlashAttention-3's "ping-pong") are named barriers that make the
+// consumer warpgroups issue their products one after the other, so that one warpgroup's softmax
+// runs while the tensor cores work through another's products.
+//
+// The loop body has no branch between issuing a product and waiting for it: ptxas serializes
+// every wgmma of a kernel (warning C7514) when it cannot prove that no other instruction touches
+// an accumulator in flight, and a branch that merges the accumulator's values is such a touch.
+// So block 0 is peeled off the loop.  Tiles whose registers do not fit serialize too (C7512).
 //
 // Shared memory: every tile is a set of 64-column panels with 128-byte rows, as the TMA writes
 // them with its 128-byte swizzle (16-byte chunk c of row r lands at chunk c ^ (r % 8)).  A
@@ -22,8 +32,8 @@
 // columns with zeros, so Q K^T can run over them in steps of 16 while P V stops at HEAD_DIM.
 //
 // docs/stage4-notes.md says why the kernel is built this way (and not with cp.async from every
-// thread, nor with FlashAttention-3's ping-pong between the consumer warpgroups);
-// docs/performance.md has its speed beside SDPA's backends.
+// thread); docs/hopper-notes.md has what the turns and the straight loop measured, and
+// docs/performance.md its speed beside SDPA's backends.
 
 #include <cuda.h>                 // CUtensorMap and its enums (the encoder comes from the runtime, no -lcuda)
 #include <cuda_runtime.h>
@@ -42,6 +52,12 @@
 #endif
 #ifndef STAGES
 #define STAGES 2
+#endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
+#ifndef EARLY_RESCALE             // 1: rescale O while S runs, before P V is issued (measured, not planned)
+#define EARLY_RESCALE 0
 #endif
 
 namespace stage4w {
@@ -356,30 +372,37 @@ attention_kernel(const __grid_constant__ Params p) {
     auto k_desc = [&](uint32_t kt, int kk) { return descriptor(kt + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024); };
     auto v_desc = [&](uint32_t vt, int kk) { return descriptor(vt + kk * 2048, BN * 128, 1024); };
 
-    mbar_wait(bar_q, 0);
-    for (int nb = 0; nb < n_blocks; ++nb) {
-        const int n0 = nb * BN, s = nb % NS, ps = (nb + NS - 1) % NS;
-        mbar_wait(full_k(s), (nb / NS) & 1);
+    // Ping-pong: consumer warpgroups take turns issuing their products (named barriers 4 + wg,
+    // 256 threads: this warpgroup's sync and the previous one's arrive); the first goes first.
+    constexpr bool PP = PINGPONG && WG > 1;
+    auto turn_wait = [&]() { if (PP) asm volatile("bar.sync %0, 256;\n" :: "r"(4 + wg) : "memory"); };
+    auto turn_pass = [&]() { if (PP) asm volatile("bar.arrive %0, 256;\n" :: "r"(4 + (wg + 1) % WG) : "memory"); };
+    if (PP && wg == 0) asm volatile("bar.arrive %0, 256;\n" :: "r"(4) : "memory");
 
-        float sc[BN / 2];
+    float alpha[2] = {1.f, 1.f};
+    auto issue_s = [&](float (&sc)[BN / 2], int s) {
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < K_STEPS; ++kk)      // S = Q K^T over the head dim; the first one overwrites sc
             Wgmma<BN, T>::ss(sc, q_desc(kk), k_desc(sK + s * C::KV_BYTES, kk), kk > 0);
         wgmma_commit();
-        if (nb > 0) {                             // O += P V of the previous block, behind it
-            mbar_wait(full_v(ps), ((nb - 1) / NS) & 1);
-            #pragma unroll
-            for (int kk = 0; kk < P_STEPS; ++kk) Wgmma<D, T>::rs(acc, pa[kk], v_desc(sV + ps * C::KV_BYTES, kk));
-            wgmma_commit();
-            wgmma_wait<1>();                      // S is done; P V may still run
-        } else {
-            wgmma_wait<0>();
+    };
+    auto rescale = [&]() {
+        #pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            acc[4 * j] *= alpha[0]; acc[4 * j + 1] *= alpha[0];
+            acc[4 * j + 2] *= alpha[1]; acc[4 * j + 3] *= alpha[1];
         }
-        hold(sc);
-        if (lane == 0) mbar_arrive(empty_k(s));   // this warp has finished with K tile s
-
-        // Online softmax, rows r0 + g (sc[4j + 0, 1]) and r0 + g + 8 (sc[4j + 2, 3]).
+    };
+    auto issue_pv = [&](int s) {
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < P_STEPS; ++kk) Wgmma<D, T>::rs(acc, pa[kk], v_desc(sV + s * C::KV_BYTES, kk));
+        wgmma_commit();
+    };
+    // Online softmax of the block starting at key n0, rows r0 + g (sc[4j + 0, 1]) and r0 + g + 8
+    // (sc[4j + 2, 3]): turns the scores into P in place and leaves O's rescale factor in alpha.
+    auto softmax = [&](float (&sc)[BN / 2], int n0) {
         const bool need_mask = n0 + BN > p.Nk || (CAUSAL && n0 + BN - 1 > m0 + offset);
         if (need_mask) {
             #pragma unroll
@@ -390,7 +413,6 @@ attention_kernel(const __grid_constant__ Params p) {
                     if (col >= p.Nk || (CAUSAL && col > row + offset)) sc[4 * j + e] = -INFINITY;
                 }
         }
-        float alpha[2];
         #pragma unroll
         for (int i = 0; i < 2; ++i) {
             float mx = m_i[i];
@@ -410,18 +432,8 @@ attention_kernel(const __grid_constant__ Params p) {
             l_i[i] = l_i[i] * alpha[i] + sum;
             m_i[i] = mx;
         }
-        if (nb > 0) {                             // the previous P V has finished with acc, pa and V tile ps
-            wgmma_wait<0>();
-            hold(acc);
-            #pragma unroll
-            for (int kk = 0; kk < P_STEPS; ++kk) hold(pa[kk]);
-            if (lane == 0) mbar_arrive(empty_v(ps));
-        }
-        #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            acc[4 * j] *= alpha[0]; acc[4 * j + 1] *= alpha[0];
-            acc[4 * j + 2] *= alpha[1]; acc[4 * j + 3] *= alpha[1];
-        }
+    };
+    auto to_pa = [&](const float (&sc)[BN / 2]) {
         #pragma unroll
         for (int kk = 0; kk < P_STEPS; ++kk) {
             pa[kk][0] = pack<T>(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -429,20 +441,56 @@ attention_kernel(const __grid_constant__ Params p) {
             pa[kk][2] = pack<T>(sc[8 * kk + 4], sc[8 * kk + 5]);
             pa[kk][3] = pack<T>(sc[8 * kk + 6], sc[8 * kk + 7]);
         }
-    }
-    if (n_blocks > 0) {                           // P V of the last block
-        const int ls = (n_blocks - 1) % NS;
+    };
+
+    mbar_wait(bar_q, 0);
+    if (n_blocks > 0) {
+        {                                         // block 0: S only
+            float sc[BN / 2];
+            mbar_wait(full_k(0), 0);
+            turn_wait();
+            issue_s(sc, 0);
+            turn_pass();
+            wgmma_wait<0>();
+            hold(sc);
+            if (lane == 0) mbar_arrive(empty_k(0));
+            softmax(sc, 0);
+            to_pa(sc);
+        }
+        // Straight-line body (no branch while a product runs, or ptxas serializes every wgmma):
+        // S of block nb and P V of block nb - 1 are issued together, the softmax of nb runs
+        // while P V does.
+        for (int nb = 1; nb < n_blocks; ++nb) {
+            const int s = nb % NS, ps = (nb + NS - 1) % NS;
+            float sc[BN / 2];
+            mbar_wait(full_k(s), (nb / NS) & 1);
+            turn_wait();
+            issue_s(sc, s);
+            if (EARLY_RESCALE) rescale();
+            mbar_wait(full_v(ps), ((nb - 1) / NS) & 1);
+            issue_pv(ps);
+            turn_pass();
+            wgmma_wait<1>();                      // S is done; P V may still run
+            hold(sc);
+            if (lane == 0) mbar_arrive(empty_k(s));
+            softmax(sc, nb * BN);
+            wgmma_wait<0>();                      // P V has finished with acc, pa and V tile ps
+            hold(acc);
+            #pragma unroll
+            for (int kk = 0; kk < P_STEPS; ++kk) hold(pa[kk]);
+            if (lane == 0) mbar_arrive(empty_v(ps));
+            if (!EARLY_RESCALE) rescale();
+            to_pa(sc);
+        }
+        const int ls = (n_blocks - 1) % NS;       // P V of the last block
         mbar_wait(full_v(ls), ((n_blocks - 1) / NS) & 1);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < P_STEPS; ++kk) Wgmma<D, T>::rs(acc, pa[kk], v_desc(sV + ls * C::KV_BYTES, kk));
-        wgmma_commit();
+        if (EARLY_RESCALE) rescale();
+        issue_pv(ls);
         wgmma_wait<0>();
         hold(acc);
         #pragma unroll
         for (int kk = 0; kk < P_STEPS; ++kk) hold(pa[kk]);
     }
-
     // Epilogue: O = acc / l into this warpgroup's rows of the Q tile, in the same swizzled
     // layout (16-byte chunk c of row r sits at chunk c ^ (r % 8)), then one TMA store per panel;
     // the TMA drops rows past Nq.  lse = (m * scale_log2 + log2 l) * ln 2, or -inf for no key.
@@ -520,11 +568,11 @@ cudaError_t launch(const Params& p, int batch_heads, cudaStream_t stream) {
 
 extern "C" {
 
-// HEAD_DIM, BLOCK_M, BLOCK_N, WARPGROUPS, threads per block and dynamic shared memory of this build.
+// HEAD_DIM, BLOCK_M, BLOCK_N, WARPGROUPS, threads per block, dynamic shared memory and PINGPONG of this build.
 void stage4w_config(int* out) {
     using C = stage4w::Config<HEAD_DIM, BLOCK_N, WARPGROUPS, STAGES>;
     out[0] = HEAD_DIM; out[1] = C::BM; out[2] = BLOCK_N; out[3] = WARPGROUPS; out[4] = C::THREADS;
-    out[5] = C::SMEM_BYTES;
+    out[5] = C::SMEM_BYTES; out[6] = PINGPONG;
 }
 
 const char* stage4w_error_string(int code) {

@@ -18,11 +18,16 @@ way Hopper wants it:
   registers.
 * **A producer and consumers.**  One warpgroup only loads: one of its threads asks the TMA for
   whole tiles, into a ring of stages guarded by mbarriers (``full``: the tile has landed;
-  ``empty``: every consumer warp is done with it).  The other warpgroups only compute, each at
-  its own pace; nobody waits at a block-wide barrier.  ``setmaxnreg`` hands the producer's
-  registers to the consumers (24 a thread against 240 with two consumer warpgroups, 160 with three).
+  ``empty``: every consumer warp is done with it).  The other warpgroups only compute; nobody
+  waits at a block-wide barrier.  ``setmaxnreg`` hands the producer's registers to the
+  consumers (24 a thread against 240 with two consumer warpgroups, 160 with three).
 * **Overlap inside a warpgroup.**  S = Q K^T of block j is issued together with O += P V of
-  block j - 1, so the softmax of block j runs while the tensor cores finish the product.
+  block j - 1, so the softmax of block j runs while the tensor cores finish the product.  The
+  loop body has no branch between issuing a product and waiting for it; with one, the compiler
+  runs every product of the kernel one after the other (the .cu's header says why).
+* **Turns between warpgroups.**  The consumer warpgroups issue their products in turn, passing
+  the turn on through a named barrier, so that while one computes its softmax the tensor cores
+  work through the next one's products.
 * **Swizzled tiles.**  The TMA writes each 64-column panel of a tile with 128-byte rows whose
   16-byte chunks are permuted by the row (chunk c of row r at c xor r % 8), the layout the wgmma
   descriptors read without bank conflicts.  The output goes back through the same layout and
@@ -46,20 +51,26 @@ import torch
 CU_FILE = Path(__file__).with_name("fast_variable_block_wgmma.cu")
 ARCH = "sm_90a"               # wgmma exists on sm_90a only
 
-# (block_n, warpgroups, stages) by head dim, up to the listed one: BLOCK_N keys per tile, 64 query
-# rows per consumer warpgroup, K/V stages in the ring.  Each entry is the fastest of a sweep on an
-# H100: three consumer warpgroups beat two wherever the registers allow, the keys per tile shrink
-# as the head dim grows (at D96, 128 keys spill), and a third stage in the ring changes nothing
-# that matters (docs/stage4-notes.md).
-TILES = {64: (128, 3, 2), 80: (128, 3, 2), 96: (112, 3, 2), 128: (96, 3, 2), 160: (64, 3, 2), 256: (64, 2, 2)}
+# (block_n, warpgroups, stages, pingpong) by head dim, up to the listed one: BLOCK_N keys per
+# tile, 64 query rows per consumer warpgroup, K/V stages in the ring, and whether the consumer
+# warpgroups take turns issuing their products.  Each entry is the fastest of a sweep on an H200
+# without a mask at D48, 64, 72, 96, 128, 160 and 256 (docs/hopper-notes.md, section 10): turns
+# win or tie at every head dim; three consumer warpgroups win where their 160 registers a thread
+# hold the tile, two above D96.  D80's entry is the largest tile ptxas keeps in flight there (at
+# 128 keys it runs out of registers and serializes the products), not timed.
+TILES = {64: (128, 3, 2, True), 72: (128, 3, 2, True), 80: (112, 3, 2, True), 96: (112, 3, 2, True),
+         128: (176, 2, 2, True), 160: (96, 2, 2, True), 256: (80, 2, 2, True)}
+# Under the causal mask, where they differ: the same sweep's fastest causal entry.
+CAUSAL_TILES = {64: (128, 2, 2, True)}
 SMEM_LIMIT = 227 * 1024       # an H100's shared memory per thread block
 
 
-def plan(head_dim: int) -> tuple[int, int, int]:
-    """(block_n, warpgroups, stages) for ``head_dim``: the entry of the next listed head dim up."""
+def plan(head_dim: int, causal: bool = False) -> tuple[int, int, int, bool]:
+    """(block_n, warpgroups, stages, pingpong) for ``head_dim``: the entry of the next listed head
+    dim up (the causal table's, where it has one)."""
     for limit in sorted(TILES):
         if head_dim <= limit:
-            return TILES[limit]
+            return CAUSAL_TILES.get(limit, TILES[limit]) if causal else TILES[limit]
     raise ValueError(f"head_dim must be at most 256, got {head_dim}")
 
 
@@ -74,32 +85,36 @@ def smem_bytes(head_dim: int, block_n: int, warpgroups: int, stages: int) -> int
     return panels * 128 * (64 * warpgroups + 2 * stages * block_n) + 1024
 
 
-def _kernel(head_dim: int, block_n: int, warpgroups: int, stages: int):
+def _kernel(head_dim: int, block_n: int, warpgroups: int, stages: int, pingpong: bool = False):
     lib = cuda_build.load(CU_FILE, label="stage 4 wgmma kernel", arch=ARCH,
                           defines={"HEAD_DIM": head_dim, "BLOCK_N": block_n, "WARPGROUPS": warpgroups,
-                                   "STAGES": stages})
+                                   "STAGES": stages, "PINGPONG": int(pingpong)})
     if lib.stage4w_forward.argtypes is None:
         lib.stage4w_forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(ctypes.c_int64)] + \
             [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.stage4w_forward.restype = ctypes.c_int
         lib.stage4w_error_string.restype = ctypes.c_char_p
-    config = (ctypes.c_int * 6)()      # HEAD_DIM, BLOCK_M, BLOCK_N, WARPGROUPS, threads, shared memory
+    config = (ctypes.c_int * 7)()      # HEAD_DIM, BLOCK_M, BLOCK_N, WARPGROUPS, threads, shared memory, PINGPONG
     lib.stage4w_config(config)
     if config[5] != smem_bytes(head_dim, block_n, warpgroups, stages):
         raise RuntimeError(f"the kernel asks for {config[5]} bytes of shared memory, smem_bytes() says "
                            f"{smem_bytes(head_dim, block_n, warpgroups, stages)}: keep the two in step")
+    if config[6] != int(pingpong):
+        raise RuntimeError(f"the kernel was built with PINGPONG={config[6]}, asked for {int(pingpong)}")
     return lib
 
 
 def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = None,
-                    block_n: int | None = None, warpgroups: int | None = None, stages: int | None = None):
+                    block_n: int | None = None, warpgroups: int | None = None, stages: int | None = None,
+                    pingpong: bool | None = None):
     """FlashAttention forward with the wgmma kernel; returns ``(o, lse)``.
 
     q: (B, H, Nq, D); k, v: (B, H, Nk, D); D a multiple of 8 from 16 to 256; any Nq, Nk >= 1;
     float16 or bfloat16 on an sm_90 GPU (H100, H200).  Inputs that are not contiguous, or do
     not start on 16 bytes, are copied first (the TMA wants 16-byte aligned tensors).
-    ``block_n`` (a multiple of 16 up to 256), ``warpgroups`` (1, 2 or 3; 64 query rows each) and
-    ``stages`` (2, 3 or 4) override the plan.
+    ``block_n`` (a multiple of 16 up to 256), ``warpgroups`` (1, 2 or 3; 64 query rows each),
+    ``stages`` (2, 3 or 4) and ``pingpong`` (whether the consumer warpgroups take turns) override
+    the plan.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
         q, k, v, causal=causal, sm_scale=sm_scale, dtypes=(torch.float16, torch.bfloat16))
@@ -107,9 +122,12 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
         raise ValueError(f"q has {Hq} heads and k/v have {Hkv}; stage 4 expects the same number of heads")
     if D % 8 or D < 16:
         raise ValueError(f"head_dim must be a multiple of 8 from 16 to 256, got {D}")
-    planned = dict(zip(("block_n", "warpgroups", "stages"), plan(D)))
+    planned = dict(zip(("block_n", "warpgroups", "stages", "pingpong"), plan(D, causal)))
     chosen = {name: planned[name] if given is None else given
-              for name, given in (("block_n", block_n), ("warpgroups", warpgroups), ("stages", stages))}
+              for name, given in (("block_n", block_n), ("warpgroups", warpgroups), ("stages", stages),
+                                  ("pingpong", pingpong))}
+    if not isinstance(chosen["pingpong"], bool):
+        raise ValueError(f"pingpong must be True or False, got {chosen['pingpong']!r}")
     for name, ok, rule in (("block_n", lambda x: 16 <= x <= 256 and x % 16 == 0, "a multiple of 16 up to 256"),
                            ("warpgroups", lambda x: x in (1, 2, 3), "1, 2 or 3"),
                            ("stages", lambda x: x in (2, 3, 4), "2, 3 or 4")):
@@ -127,7 +145,7 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
                            "solutions/stage4_variable_block.py runs on any GPU from Ampere on")
     if B * Hq > 65535:
         raise ValueError(f"batch x heads is {B * Hq}; the kernel's grid allows at most 65535")
-    lib = _kernel(D, bn, wgs, ns)
+    lib = _kernel(D, bn, wgs, ns, chosen["pingpong"])
     q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
                for x in (q, k, v))
     o = torch.empty(B, Hq, Nq, D, device=q.device, dtype=q.dtype)

@@ -41,27 +41,63 @@ def _inputs(b, h, nq, nk, d, dtype, seed=0, scale=1.0):
 
 def test_every_planned_tile_fits_in_shared_memory(fast):
     for d in range(16, 257, 8):
-        block_n, warpgroups, stages = fast.plan(d)
-        assert fast.smem_bytes(d, block_n, warpgroups, stages) <= fast.SMEM_LIMIT - 256, d
+        for causal in (False, True):
+            block_n, warpgroups, stages, _ = fast.plan(d, causal)
+            assert fast.smem_bytes(d, block_n, warpgroups, stages) <= fast.SMEM_LIMIT - 256, (d, causal)
     with pytest.raises(ValueError, match="head_dim"):
         fast.plan(264)
+
+
+def test_the_causal_table_only_overrides_listed_head_dims(fast):
+    assert set(fast.CAUSAL_TILES) <= set(fast.TILES)
+    for d in range(16, 257, 8):
+        limit = min(x for x in fast.TILES if d <= x)
+        assert fast.plan(d, True) == fast.CAUSAL_TILES.get(limit, fast.plan(d)), d
 
 
 @pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
 @pytest.mark.parametrize("d", [72, 160])
 def test_nvcc_builds_the_planned_kernel_and_its_shared_memory_matches_the_plan(fast, d, tmp_path):
     """A host-side library needs no GPU: its stage4w_config reports what the kernel will ask for."""
-    block_n, warpgroups, stages = fast.plan(d)
+    block_n, warpgroups, stages, pingpong = fast.plan(d)
     library = tmp_path / f"wgmma_{d}.so"
     cmd = [cuda_build.nvcc(), "-shared", "-Xcompiler", "-fPIC", cuda_build.gencode(fast.ARCH), *cuda_build.FLAGS,
            f"-DHEAD_DIM={d}", f"-DBLOCK_N={block_n}", f"-DWARPGROUPS={warpgroups}", f"-DSTAGES={stages}",
-           str(fast.CU_FILE), "-o", str(library)]
+           f"-DPINGPONG={int(pingpong)}", str(fast.CU_FILE), "-o", str(library)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    config = (ctypes.c_int * 6)()
+    config = (ctypes.c_int * 7)()
     ctypes.CDLL(str(library)).stage4w_config(config)
     assert list(config) == [d, 64 * warpgroups, block_n, warpgroups, 128 * (warpgroups + 1),
-                            fast.smem_bytes(d, block_n, warpgroups, stages)]
+                            fast.smem_bytes(d, block_n, warpgroups, stages), int(pingpong)]
+
+
+def _planned_builds():
+    """(head dim, causal) at the top of every table entry: the most registers the entry's tile needs."""
+    if not PATH.exists():
+        return []
+    fast = load_file(PATH)
+    return [(d, False) for d in fast.TILES] + [(d, True) for d in fast.CAUSAL_TILES]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
+@pytest.mark.parametrize("d, causal", _planned_builds())
+def test_ptxas_keeps_every_planned_tiles_products_in_flight(fast, d, causal, tmp_path):
+    """ptxas says when it makes a kernel's wgmmas wait for each other (C7510-C7515: an accumulator
+    touched while in flight, too few registers): every planned tile must compile without it, and
+    without spilling."""
+    block_n, warpgroups, stages, pingpong = fast.plan(d, causal)
+    cmd = [cuda_build.nvcc(), "-cubin", cuda_build.gencode(fast.ARCH), *cuda_build.FLAGS, "-Xptxas", "-v",
+           f"-DHEAD_DIM={d}", f"-DBLOCK_N={block_n}", f"-DWARPGROUPS={warpgroups}", f"-DSTAGES={stages}",
+           f"-DPINGPONG={int(pingpong)}", str(fast.CU_FILE), "-o", str(tmp_path / "k.cubin")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.stderr
+    assert "Compiling entry function" in report and report.count("spill stores") == 4, report[-2000:]
+    serialized = [line for line in report.splitlines() if "serialized" in line or "(C751" in line]
+    assert not serialized, "\n".join(serialized)
+    assert all(" 0 bytes spill stores" in line for line in report.splitlines() if "spill stores" in line), report
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
@@ -70,6 +106,7 @@ def test_nvcc_builds_the_planned_kernel_and_its_shared_memory_matches_the_plan(f
     (dict(stages=1), ValueError, ["stages"]),
     (dict(d=256, block_n=256, warpgroups=3, stages=4), ValueError, ["shared memory", "block_n = 256"]),
     (dict(d=12), ValueError, ["head_dim"]),
+    (dict(pingpong=1), ValueError, ["pingpong", "True or False"]),
 ])
 def test_bad_input_names_the_argument(fast, kwargs, error, words):
     d = kwargs.pop("d", 64)
@@ -131,7 +168,10 @@ def test_gpu_causal_and_odd_lengths(fast, d, nq, nk):
 
 @needs_hopper
 @pytest.mark.parametrize("tiles", [dict(block_n=128, warpgroups=2, stages=3), dict(block_n=64, warpgroups=1),
-                                   dict(block_n=32, warpgroups=3, stages=4), dict(block_n=176, warpgroups=2)])
+                                   dict(block_n=32, warpgroups=3, stages=4), dict(block_n=176, warpgroups=2),
+                                   dict(block_n=128, warpgroups=3, pingpong=False),
+                                   dict(block_n=64, warpgroups=3, pingpong=True),
+                                   dict(block_n=96, warpgroups=2, stages=3, pingpong=True)])
 def test_gpu_tile_overrides(fast, tiles):
     q, k, v = _inputs(1, 2, 300, 450, 96, torch.float16, seed=7)
     _check(*fast.flash_attention(q, k, v, causal=True, **tiles), q, k, v, causal=True)

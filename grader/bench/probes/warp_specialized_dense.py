@@ -80,6 +80,15 @@ def dense_cases():
                                                                            is_causal=causal)
 
 
+def save_rows(path, rows: list[dict]) -> None:
+    """The CUDA probes' JSON: the GPU's name, torch's, Triton's and nvcc's versions, and the rows."""
+    from kernels import cuda_build
+    nvcc = ".".join(map(str, cuda_build.nvcc_release() or ("not found",)))
+    with open(path, "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, nvcc=nvcc,
+                       rows=rows), f, indent=1)
+
+
 def main():
     out = os.environ.get("OUT", "/tmp")
     rows = []

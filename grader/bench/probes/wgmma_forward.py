@@ -12,18 +12,15 @@ each checked against float32 SDPA first.
 docs/hopper-notes.md says what it measured.
 """
 import argparse
-import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
-from kernels import cuda_build  # noqa: E402
 from kernels.loader import ROOT, load_file  # noqa: E402
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 # (block_n, consumer warpgroups, stages) per head dim, timed beside the kernel's own plan
 OTHERS = {64: [(128, 2, 2), (64, 3, 2), (128, 2, 3), (192, 2, 2)],
@@ -31,8 +28,9 @@ OTHERS = {64: [(128, 2, 2), (64, 3, 2), (128, 2, 3), (192, 2, 2)],
 
 
 def configs(wgmma, head_dim: int) -> list[tuple[int, int, int]]:
-    """The kernel's planned configuration for ``head_dim``, then the others."""
-    plan = tuple(wgmma.plan(head_dim))
+    """The kernel's planned configuration for ``head_dim`` (its tiles; timed without turns, as it
+    ran before it had them: wgmma_schedule.py times them), then the others."""
+    plan = tuple(wgmma.plan(head_dim))[:3]
     return [plan] + [c for c in OTHERS[head_dim] if c != plan]
 
 
@@ -61,7 +59,7 @@ def main():
     with ThreadPoolExecutor(8) as pool:                       # nvcc, once per configuration, in parallel
         list(pool.map(lambda job: wgmma._kernel(*job), [(d, *c) for d in OTHERS for c in configs(wgmma, d)]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from warp_specialized_dense import dense_cases
+    from warp_specialized_dense import dense_cases, save_rows
     rows = []
     for D, causal, (q, k, v), flops, ref in dense_cases():
         case = f"B4 H16 N4096 D{D}" + (" causal" if causal else "")
@@ -84,12 +82,10 @@ def main():
         record("tma", fast, fast()[0])
         for bn, wg, st in configs(wgmma, D):
             def run(bn=bn, wg=wg, st=st):
-                return wgmma.flash_attention(q, k, v, causal=causal, block_n=bn, warpgroups=wg, stages=st)
+                return wgmma.flash_attention(q, k, v, causal=causal, block_n=bn, warpgroups=wg, stages=st,
+                                             pingpong=False)
             record(f"wgmma {bn}/{wg}wg/{st}s", run, run()[0])
-    with open(args.json, "w") as f:
-        nvcc = ".".join(map(str, cuda_build.nvcc_release() or ("not found",)))
-        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, nvcc=nvcc,
-                       rows=rows), f, indent=1)
+    save_rows(args.json, rows)
     print("\n".join(summary(rows)))
     return 0
 
