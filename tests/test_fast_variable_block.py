@@ -131,7 +131,7 @@ def test_off_hopper_it_says_which_gpu_it_needs(fast):
 
 
 def test_the_bench_lists_it_for_stage4_and_says_where_it_cannot_go():
-    assert "solution-wgmma" in PROVIDERS["stage4"]
+    assert "solution-wgmma" in PROVIDERS["stage4"] and "solution-wgmma" in PROVIDERS["stage5"]   # causal too
     cases = [Case(1, 2, 64, 64, 72, dtype=torch.float16)]
     quiet = dict(timer=lambda fn: 1.0, memory=lambda make: None, log=lambda *a, **k: None)
     learner = measure.run("stage4", source="stages", cases=cases, providers=["solution-wgmma"], device=DEVICE, **quiet)
