@@ -260,6 +260,7 @@ def test_json_rows_round_trip(tmp_path):
 @pytest.mark.parametrize("source, page_name, device", [
     ("bench-h100.json", "performance", "NVIDIA H100"),
     ("bench-stage9-h200.json", "performance-stage9-h200", "NVIDIA H200"),    # H100 and H200 runs kept apart
+    ("bench-stage45-h100.json", "performance-stage45-h100", "NVIDIA H100"),
 ])
 def test_the_performance_page_is_generated_from_the_committed_json(source, page_name, device):
     """Each performance page is what `bench report` makes of its committed JSON: it cannot drift."""
@@ -441,15 +442,38 @@ def test_the_split_query_table_in_the_notes_is_the_committed_probe_s():
     assert not [r for r in doc["rows"] if "error" in r] and _names_its_run(notes, doc)
 
 
-def test_the_wgmma_table_in_the_notes_is_the_committed_probe_s():
-    """Section 8's table is what grader/bench/probes/wgmma_forward.py's summary makes of the JSON
-    committed beside it; no configuration that ran gave a wrong output."""
-    doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-forward-h200.json").read_text())
-    lines = _probe("wgmma_forward").summary(doc["rows"])
+@pytest.mark.parametrize("probe, source, rows", [("wgmma_forward", "hopper-probe-wgmma-forward-h200.json", 6),
+                                                  ("wgmma_schedule", "hopper-probe-wgmma-schedule-h200.json", 11)])
+def test_the_wgmma_tables_in_the_notes_are_the_committed_probes(probe, source, rows):
+    """Sections 8's and 10's tables are what their probes' summaries make of the JSON committed
+    beside them; no kernel that ran gave a wrong output; the notes name the run's GPU, versions and
+    CUDA compiler."""
+    doc = json.loads((ROOT / "docs" / source).read_text())
+    lines = _probe(probe).summary(doc["rows"])
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    assert len(lines) == 6 and all(line in notes for line in lines), "\n".join(lines)
+    assert len(lines) == rows and all(line in notes for line in lines), "\n".join(lines)
     assert not [r for r in doc["rows"] if "error" in r] and _names_its_run(notes, doc)
     assert f"nvcc {doc['nvcc']}" in notes, "the notes name the CUDA compiler the run built with"
+
+
+def test_the_notes_ranges_for_the_wgmma_forward_on_the_h100_are_the_committed_bench_s():
+    """Section 10's line on docs/bench-stage45-h100.json, and README's: the wgmma forward against
+    cuDNN on stage 5's cases and stage 4's, and the TMA forward's against cuDNN on stage 5's."""
+    doc = json.loads((ROOT / "docs" / "bench-stage45-h100.json").read_text())
+    get = {(r["stage"], r["case"], r["provider"]): r["tflops"] for r in doc["rows"]}
+
+    def span(stage, provider):
+        ratios = [get[s, c, provider] / get[s, c, "sdpa-cudnn"] for s, c, p in get
+                  if s == stage and p == provider and get[s, c, provider] and get.get((s, c, "sdpa-cudnn"))]
+        assert len(ratios) == 4, (stage, provider)
+        return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+    notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
+    assert doc["device"].startswith("NVIDIA H100")
+    assert (f"the wgmma forward at {span('stage5', 'solution-wgmma')} cuDNN on stage 5's dense cases (D64 and "
+            f"D128, causal and not) and {span('stage4', 'solution-wgmma')} on stage 4's head dims, against the "
+            f"TMA forward's {span('stage5', 'solution-tma')} there") in notes
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"matches cuDNN's forward: {span('stage5', 'solution-wgmma')} on stage 5" in readme
 
 
 def test_the_backward_kernels_table_in_the_notes_is_the_committed_probe_s():
