@@ -1,7 +1,10 @@
 // A faster stage 4 for Hopper (sm_90a): the same FlashAttention forward as
 // stage4_variable_block.cu, rebuilt around the warpgroup matrix multiply (wgmma) and the
 // tensor memory accelerator (TMA).  The instructors' fast variant, beside the learner's kernel;
-// solutions/fast_variable_block_wgmma.py says which is which and drives it.
+// solutions/fast_variable_block_wgmma.py says which is which and drives it.  It also takes the
+// masks of stages 5-8: GQA (a query head reads K/V head h / group), a causal sliding window that
+// keeps the first sink_tokens keys (the key blocks a row block visits: the sink tokens' blocks,
+// then the window's), and learned sinks (one more term in each row's denominator, at the end).
 //
 // One thread block: a producer warpgroup and WARPGROUPS consumer warpgroups of 64 query rows.
 //
@@ -87,7 +90,9 @@ struct Config {
 struct Params {
     CUtensorMap tm_q, tm_k, tm_v, tm_o;   // (D, N, H, B) views, boxes of 64 columns, 128-byte swizzle
     float* lse;
-    int H, Nq, Nk;
+    const float* sinks;                   // learned sinks, one logit a query head, or null
+    int H, group, Nq, Nk;                 // query heads; query heads a K/V head (GQA)
+    int window, sink_tokens;              // a causal window of `window` keys (0: none) and the sink tokens it keeps
     float scale_log2;
 };
 
@@ -295,7 +300,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-template <int D, int BN, int WG, int NS, typename T, bool CAUSAL>
+template <int D, int BN, int WG, int NS, typename T, bool CAUSAL, bool WINDOW>
 __global__ void __launch_bounds__(Config<D, BN, WG, NS>::THREADS, 1)
 attention_kernel(const __grid_constant__ Params p) {
     using C = Config<D, BN, WG, NS>;
@@ -317,10 +322,17 @@ attention_kernel(const __grid_constant__ Params p) {
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, h_kv = h / p.group;
     const int offset = p.Nk - p.Nq;
     const int n_end = CAUSAL ? min(p.Nk, m0 + BM + offset) : p.Nk;
-    const int n_blocks = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    // The key blocks these rows visit, in order: the sink tokens' blocks below the window, then
+    // the window's first block to the last block with a visible key.  block_at(i) is the i-th.
+    const int lo_blk = WINDOW ? max(0, m0 + offset - p.window + 1) / BN : 0;
+    const int end_blk = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+    const int sink_blks = WINDOW ? min((p.sink_tokens + BN - 1) / BN, lo_blk) : 0;
+    const int n_blocks = end_blk > lo_blk ? sink_blks + end_blk - lo_blk : 0;
+    auto block_at = [&](int i) { return i < sink_blks ? i : lo_blk + i - sink_blks; };
+    const int past = WINDOW ? offset - p.window + 1 : 0;   // a key col is before row's window if col < row + past
 
     if (tid == 0) {
         mbar_init(bar_q, 1);
@@ -344,11 +356,11 @@ attention_kernel(const __grid_constant__ Params p) {
                 mbar_wait(empty_k(s), free_parity);
                 mbar_expect_tx(full_k(s), C::KV_BYTES);
                 for (int c = 0; c < PANELS; ++c)
-                    tma_load(sK + s * C::KV_BYTES + c * BN * 128, &p.tm_k, 64 * c, nb * BN, h, b, full_k(s));
+                    tma_load(sK + s * C::KV_BYTES + c * BN * 128, &p.tm_k, 64 * c, block_at(nb) * BN, h_kv, b, full_k(s));
                 mbar_wait(empty_v(s), free_parity);
                 mbar_expect_tx(full_v(s), C::KV_BYTES);
                 for (int c = 0; c < PANELS; ++c)
-                    tma_load(sV + s * C::KV_BYTES + c * BN * 128, &p.tm_v, 64 * c, nb * BN, h, b, full_v(s));
+                    tma_load(sV + s * C::KV_BYTES + c * BN * 128, &p.tm_v, 64 * c, block_at(nb) * BN, h_kv, b, full_v(s));
             }
         }
         return;
@@ -403,14 +415,16 @@ attention_kernel(const __grid_constant__ Params p) {
     // Online softmax of the block starting at key n0, rows r0 + g (sc[4j + 0, 1]) and r0 + g + 8
     // (sc[4j + 2, 3]): turns the scores into P in place and leaves O's rescale factor in alpha.
     auto softmax = [&](float (&sc)[BN / 2], int n0) {
-        const bool need_mask = n0 + BN > p.Nk || (CAUSAL && n0 + BN - 1 > m0 + offset);
+        const bool need_mask = n0 + BN > p.Nk || (CAUSAL && n0 + BN - 1 > m0 + offset) ||
+                               (WINDOW && n0 < m0 + BM - 1 + past && n0 + BN > p.sink_tokens);
         if (need_mask) {
             #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int col = n0 + 8 * j + 2 * t + (e & 1), row = r0 + g + (e >> 1) * 8;
-                    if (col >= p.Nk || (CAUSAL && col > row + offset)) sc[4 * j + e] = -INFINITY;
+                    if (col >= p.Nk || (CAUSAL && col > row + offset) || (WINDOW && col < row + past && col >= p.sink_tokens))
+                        sc[4 * j + e] = -INFINITY;
                 }
         }
         #pragma unroll
@@ -454,7 +468,7 @@ attention_kernel(const __grid_constant__ Params p) {
             wgmma_wait<0>();
             hold(sc);
             if (lane == 0) mbar_arrive(empty_k(0));
-            softmax(sc, 0);
+            softmax(sc, block_at(0) * BN);
             to_pa(sc);
         }
         // Straight-line body (no branch while a product runs, or ptxas serializes every wgmma):
@@ -473,7 +487,7 @@ attention_kernel(const __grid_constant__ Params p) {
             wgmma_wait<1>();                      // S is done; P V may still run
             hold(sc);
             if (lane == 0) mbar_arrive(empty_k(s));
-            softmax(sc, nb * BN);
+            softmax(sc, block_at(nb) * BN);
             wgmma_wait<0>();                      // P V has finished with acc, pa and V tile ps
             hold(acc);
             #pragma unroll
@@ -494,12 +508,21 @@ attention_kernel(const __grid_constant__ Params p) {
     // Epilogue: O = acc / l into this warpgroup's rows of the Q tile, in the same swizzled
     // layout (16-byte chunk c of row r sits at chunk c ^ (r % 8)), then one TMA store per panel;
     // the TMA drops rows past Nq.  lse = (m * scale_log2 + log2 l) * ln 2, or -inf for no key.
+    // A learned sink s adds exp(s) to the denominator: in log2 units against M = max(m2, s2),
+    // l 2^(m2 - M) + 2^(s2 - M), which is 1 for a row that saw no key (o = 0, lse = s).
     #pragma unroll
     for (int i = 0; i < 2; ++i) {
         float l = l_i[i];
         l += __shfl_xor_sync(0xffffffff, l, 1);
         l += __shfl_xor_sync(0xffffffff, l, 2);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float m2 = l > 0.f ? m_i[i] * p.scale_log2 : -INFINITY;
+        float inv = l > 0.f ? 1.f / l : 0.f, lse2 = l > 0.f ? m2 + __log2f(l) : -INFINITY;
+        if (p.sinks != nullptr) {
+            const float s2 = p.sinks[h] * 1.4426950408889634f, top = fmaxf(m2, s2);
+            const float total = l * fast_exp2(m2 - top) + fast_exp2(s2 - top);
+            inv = fast_exp2(m2 - top) / total;
+            lse2 = top + __log2f(total);
+        }
         const int r = row_w + g + 8 * i;          // row in the block; r % 8 == g
         #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
@@ -508,8 +531,7 @@ attention_kernel(const __grid_constant__ Params p) {
         }
         const int row = m0 + r;
         if (t == 0 && row < p.Nq)
-            p.lse[(int64_t)bh * p.Nq + row] = l > 0.f ? (m_i[i] * p.scale_log2 + __log2f(l)) * 0.69314718055994531f
-                                                      : -INFINITY;
+            p.lse[(int64_t)bh * p.Nq + row] = lse2 * 0.69314718055994531f;
     }
     fence_async_smem();                           // these writes, then the TMA's reads
     asm volatile("bar.sync %0, 128;\n" :: "r"(1 + wg) : "memory");   // this warpgroup only
@@ -553,10 +575,10 @@ static int make_map(CUtensorMap* map, const void* ptr, int dtype, int64_t sb, in
     return r == CUDA_SUCCESS ? 0 : -4;
 }
 
-template <typename T, bool CAUSAL>
+template <typename T, bool CAUSAL, bool WINDOW>
 cudaError_t launch(const Params& p, int batch_heads, cudaStream_t stream) {
     using C = Config<HEAD_DIM, BLOCK_N, WARPGROUPS, STAGES>;
-    auto kernel = attention_kernel<HEAD_DIM, BLOCK_N, WARPGROUPS, STAGES, T, CAUSAL>;
+    auto kernel = attention_kernel<HEAD_DIM, BLOCK_N, WARPGROUPS, STAGES, T, CAUSAL, WINDOW>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
     if (err != cudaSuccess) return err;
     dim3 grid((p.Nq + C::BM - 1) / C::BM, batch_heads);
@@ -580,30 +602,43 @@ const char* stage4w_error_string(int code) {
     if (code == -2) return "unsupported dtype code (0: float16, 1: bfloat16)";
     if (code == -3) return "cuTensorMapEncodeTiled is not available from this driver";
     if (code == -4) return "cuTensorMapEncodeTiled rejected a tensor (strides must be multiples of 16 bytes)";
+    if (code == -5) return "heads must be a positive multiple of kv_heads";
+    if (code == -6) return "a window needs the causal mask, and window and sink_tokens must be >= 0";
     return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 
 // strides: 12 int64 in elements, (batch, head, row) for q, k, v, o; the head-dim stride is 1,
 // the others multiples of 8, the pointers 16-byte aligned.  dtype: 0 float16, 1 bfloat16.
+// kv_heads: K/V heads (heads / kv_heads query heads share one); window: a causal sliding window
+// of that many keys (0: none), which keeps the first sink_tokens keys; sinks: one float32 logit
+// a query head, or null.
 int stage4w_forward(const void* q, const void* k, const void* v, void* o, float* lse, const int64_t* st,
-                    int batch, int heads, int n_q, int n_k, int head_dim, float sm_scale, int dtype, int causal,
-                    void* stream) {
+                    int batch, int heads, int kv_heads, int n_q, int n_k, int head_dim, float sm_scale, int dtype,
+                    int causal, int window, int sink_tokens, const float* sinks, void* stream) {
     using C = stage4w::Config<HEAD_DIM, BLOCK_N, WARPGROUPS, STAGES>;
     if (head_dim != HEAD_DIM) return -1;
     if (dtype != 0 && dtype != 1) return -2;
+    if (kv_heads < 1 || heads % kv_heads) return -5;
+    if (window < 0 || sink_tokens < 0 || (window > 0 && !causal)) return -6;
     stage4w::Params p;
     int err = stage4w::make_map(&p.tm_q, q, dtype, st[0], st[1], st[2], batch, heads, n_q, HEAD_DIM, C::BM);
-    if (!err) err = stage4w::make_map(&p.tm_k, k, dtype, st[3], st[4], st[5], batch, heads, n_k, HEAD_DIM, BLOCK_N);
-    if (!err) err = stage4w::make_map(&p.tm_v, v, dtype, st[6], st[7], st[8], batch, heads, n_k, HEAD_DIM, BLOCK_N);
+    if (!err) err = stage4w::make_map(&p.tm_k, k, dtype, st[3], st[4], st[5], batch, kv_heads, n_k, HEAD_DIM, BLOCK_N);
+    if (!err) err = stage4w::make_map(&p.tm_v, v, dtype, st[6], st[7], st[8], batch, kv_heads, n_k, HEAD_DIM, BLOCK_N);
     if (!err) err = stage4w::make_map(&p.tm_o, o, dtype, st[9], st[10], st[11], batch, heads, n_q, HEAD_DIM, 64);
     if (err) return err;
     p.lse = lse;
-    p.H = heads; p.Nq = n_q; p.Nk = n_k;
+    p.sinks = sinks;
+    p.H = heads; p.group = heads / kv_heads; p.Nq = n_q; p.Nk = n_k;
+    p.window = window; p.sink_tokens = window > 0 ? sink_tokens : 0;   // without a window every key is seen
     p.scale_log2 = sm_scale * 1.4426950408889634f;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int bh = batch * heads;
-    if (dtype == 0) return causal ? stage4w::launch<__half, true>(p, bh, s) : stage4w::launch<__half, false>(p, bh, s);
-    return causal ? stage4w::launch<__nv_bfloat16, true>(p, bh, s) : stage4w::launch<__nv_bfloat16, false>(p, bh, s);
+    if (dtype == 0)
+        return window > 0 ? stage4w::launch<__half, true, true>(p, bh, s)
+                          : causal ? stage4w::launch<__half, true, false>(p, bh, s) : stage4w::launch<__half, false, false>(p, bh, s);
+    return window > 0 ? stage4w::launch<__nv_bfloat16, true, true>(p, bh, s)
+                      : causal ? stage4w::launch<__nv_bfloat16, true, false>(p, bh, s)
+                               : stage4w::launch<__nv_bfloat16, false, false>(p, bh, s);
 }
 
 }  // extern "C"

@@ -8,7 +8,8 @@ tiles with ``mma.sync``, reads its fragments with ``ldmatrix``, all threads copy
 writes, and it runs on any GPU from Ampere on.
 
 ``solutions/fast_variable_block_wgmma.cu`` computes the same forward (o and lse, causal aligned
-bottom-right, any Nq and Nk, float16 and bfloat16) on an H100 or H200 only (sm_90a), built the
+bottom-right, any Nq and Nk, float16 and bfloat16), and the masks of stages 5-8 too (GQA,
+sliding windows with sink tokens, learned sinks), on an H100 or H200 only (sm_90a), built the
 way Hopper wants it:
 
 * **Warpgroup multiplies.**  ``wgmma.m64nNk16`` multiplies 64 rows for four warps together, and
@@ -33,9 +34,9 @@ way Hopper wants it:
   descriptors read without bank conflicts.  The output goes back through the same layout and
   a TMA store.
 
-``python -m grader bench stage4`` times it as ``solution-wgmma`` beside the stage's solution and
-SDPA's backends (docs/performance.md); docs/stage4-notes.md says how its design and tiles were
-chosen.
+``python -m grader bench stage4`` (and stages 5-8) times it as ``solution-wgmma`` beside the
+stage's solution and SDPA's backends (docs/performance.md); docs/stage4-notes.md says how its
+design and tiles were chosen, docs/hopper-notes.md (section 10) how it was made to overlap.
 """
 
 from __future__ import annotations
@@ -62,14 +63,24 @@ TILES = {64: (128, 3, 2, True), 72: (128, 3, 2, True), 80: (112, 3, 2, True), 96
          128: (176, 2, 2, True), 160: (96, 2, 2, True), 256: (80, 2, 2, True)}
 # Under the causal mask, where they differ: the same sweep's fastest causal entry.
 CAUSAL_TILES = {64: (128, 2, 2, True)}
+# Under a sliding window (its own build of the kernel, with more to compute per mask) the tiles
+# above run out of registers and spill at most head dims; these do not (ptxas), not timed.
+WINDOW_TILES = {64: (128, 2, 2, True), 72: (128, 2, 2, True), 80: (128, 2, 2, True), 96: (128, 2, 2, True),
+                128: (144, 2, 2, True), 160: (96, 2, 2, True), 256: (48, 2, 2, True)}
 SMEM_LIMIT = 227 * 1024       # an H100's shared memory per thread block
+# stage4w_forward(q, k, v, o, lse, strides, batch, heads, kv_heads, n_q, n_k, head_dim, sm_scale, dtype, causal,
+#                 window, sink_tokens, sinks, stream)
+ARGTYPES = [ctypes.c_void_p] * 5 + [ctypes.POINTER(ctypes.c_int64)] + [ctypes.c_int] * 6 + \
+    [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
 
 
-def plan(head_dim: int, causal: bool = False) -> tuple[int, int, int, bool]:
+def plan(head_dim: int, causal: bool = False, window: bool = False) -> tuple[int, int, int, bool]:
     """(block_n, warpgroups, stages, pingpong) for ``head_dim``: the entry of the next listed head
-    dim up (the causal table's, where it has one)."""
+    dim up (the window's table under a window, else the causal table's where it has one)."""
     for limit in sorted(TILES):
         if head_dim <= limit:
+            if window:
+                return WINDOW_TILES[limit]
             return CAUSAL_TILES.get(limit, TILES[limit]) if causal else TILES[limit]
     raise ValueError(f"head_dim must be at most 256, got {head_dim}")
 
@@ -90,8 +101,7 @@ def _kernel(head_dim: int, block_n: int, warpgroups: int, stages: int, pingpong:
                           defines={"HEAD_DIM": head_dim, "BLOCK_N": block_n, "WARPGROUPS": warpgroups,
                                    "STAGES": stages, "PINGPONG": int(pingpong)})
     if lib.stage4w_forward.argtypes is None:
-        lib.stage4w_forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(ctypes.c_int64)] + \
-            [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        lib.stage4w_forward.argtypes = ARGTYPES
         lib.stage4w_forward.restype = ctypes.c_int
         lib.stage4w_error_string.restype = ctypes.c_char_p
     config = (ctypes.c_int * 7)()      # HEAD_DIM, BLOCK_M, BLOCK_N, WARPGROUPS, threads, shared memory, PINGPONG
@@ -104,25 +114,27 @@ def _kernel(head_dim: int, block_n: int, warpgroups: int, stages: int, pingpong:
     return lib
 
 
-def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = None,
+def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
+                    sinks: torch.Tensor | None = None, sm_scale: float | None = None,
                     block_n: int | None = None, warpgroups: int | None = None, stages: int | None = None,
                     pingpong: bool | None = None):
     """FlashAttention forward with the wgmma kernel; returns ``(o, lse)``.
 
-    q: (B, H, Nq, D); k, v: (B, H, Nk, D); D a multiple of 8 from 16 to 256; any Nq, Nk >= 1;
-    float16 or bfloat16 on an sm_90 GPU (H100, H200).  Inputs that are not contiguous, or do
-    not start on 16 bytes, are copied first (the TMA wants 16-byte aligned tensors).
+    q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq a multiple of Hkv (GQA); D a multiple of 8
+    from 16 to 256; any Nq, Nk >= 1; float16 or bfloat16 on an sm_90 GPU (H100, H200).
+    ``causal``, ``window``, ``sink_tokens`` and ``sinks`` (learned, one logit a query head) as in
+    stages 5-8.  Inputs that are not contiguous, or do not start on 16 bytes, are copied first
+    (the TMA wants 16-byte aligned tensors).
     ``block_n`` (a multiple of 16 up to 256), ``warpgroups`` (1, 2 or 3; 64 query rows each),
     ``stages`` (2, 3 or 4) and ``pingpong`` (whether the consumer warpgroups take turns) override
     the plan.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(
-        q, k, v, causal=causal, sm_scale=sm_scale, dtypes=(torch.float16, torch.bfloat16))
-    if Hq != Hkv:
-        raise ValueError(f"q has {Hq} heads and k/v have {Hkv}; stage 4 expects the same number of heads")
+        q, k, v, causal=causal, window=window, sink_tokens=sink_tokens, sinks=sinks, sm_scale=sm_scale,
+        dtypes=(torch.float16, torch.bfloat16))
     if D % 8 or D < 16:
         raise ValueError(f"head_dim must be a multiple of 8 from 16 to 256, got {D}")
-    planned = dict(zip(("block_n", "warpgroups", "stages", "pingpong"), plan(D, causal)))
+    planned = dict(zip(("block_n", "warpgroups", "stages", "pingpong"), plan(D, causal, window is not None)))
     chosen = {name: planned[name] if given is None else given
               for name, given in (("block_n", block_n), ("warpgroups", warpgroups), ("stages", stages),
                                   ("pingpong", pingpong))}
@@ -154,9 +166,11 @@ def flash_attention(q, k, v, *, causal: bool = False, sm_scale: float | None = N
         return o, lse
     strides = (ctypes.c_int64 * 12)(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
+    sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None
     err = lib.stage4w_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), strides,
-                              B, Hq, Nq, Nk, D, scale, 0 if q.dtype == torch.float16 else 1, int(causal),
+                              B, Hq, Hkv, Nq, Nk, D, scale, 0 if q.dtype == torch.float16 else 1, int(causal),
+                              window or 0, sink_tokens, sinks.data_ptr() if sinks is not None else None,
                               torch.cuda.current_stream(q.device).cuda_stream)
     if err:
-        raise RuntimeError(f"the stage 4 wgmma kernel failed: {lib.stage4w_error_string(err).decode()}")
+        raise RuntimeError(f"the wgmma kernel failed: {lib.stage4w_error_string(err).decode()}")
     return o, lse

@@ -111,7 +111,8 @@ DEFAULT_PROVIDERS = ["solution", "sdpa-flash", "sdpa-cudnn", "flex"]
 _WITH_TMA = ["solution", "solution-tma", "sdpa-flash", "sdpa-cudnn", "flex"]
 PROVIDERS: dict[str, list[str]] = {
     "stage4": ["solution", "solution-wgmma", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
-    "stage5": _WITH_TMA + ["solution-wgmma"], "stage6": _WITH_TMA, "stage7": _WITH_TMA, "stage8": _WITH_TMA,
+    "stage5": _WITH_TMA + ["solution-wgmma"], "stage6": _WITH_TMA + ["solution-wgmma"],
+    "stage7": _WITH_TMA + ["solution-wgmma"], "stage8": _WITH_TMA + ["solution-wgmma"],
     "stage9": _WITH_TMA + ["op"],
 }
 #: What a learner's notebook races: their own kernel and PyTorch's attention.  Never the instructors' variants

@@ -22,7 +22,7 @@ Providers, timed in the same run on the same inputs:
                     beside the readable solutions (stages 5-9)
     solution-wgmma  solutions/fast_variable_block_wgmma.py: stage 4's forward with wgmma, TMA and
                     a producer warpgroup, the Hopper variant beside the mma.sync kernel (stage 4;
-                    stage 5, its causal mask)
+                    stages 5-8: it takes their masks too)
     op              solutions/attention_op's attention(): the op a model calls, with the kernels
                     it picks (the TMA kernels where the GPU has TMA), its plans and its autograd
                     (stage 9)

@@ -127,10 +127,9 @@ class WgmmaVariant(InstructorVariant):
     def attend(self, case, x):
         if not x.q.is_cuda or torch.cuda.get_device_capability(x.q.device) != (9, 0):
             raise NotApplicable("the wgmma variant runs on sm_90 GPUs (H100, H200) only")
-        if case.heads != case.hkv or case.window is not None or case.sink_tokens or case.sinks:
-            raise NotApplicable("the wgmma variant is stage 4's forward: same heads, full or causal masks")
         flash_attention = self.module.flash_attention
-        return lambda q, k, v, sinks: flash_attention(q, k, v, causal=case.causal)[0]
+        opts = {"causal": case.causal, "window": case.window, "sink_tokens": case.sink_tokens}
+        return lambda q, k, v, sinks: flash_attention(q, k, v, **opts, **self._with_sinks(sinks))[0]
 
     def backward(self, case, x):
         raise NotApplicable("the wgmma variant has no backward")

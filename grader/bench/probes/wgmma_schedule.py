@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
 from kernels import cuda_build  # noqa: E402
-from kernels.loader import ROOT  # noqa: E402
+from kernels.loader import ROOT, load_file  # noqa: E402
 
 NEW = ROOT / "solutions" / "fast_variable_block_wgmma.cu"
 
@@ -129,16 +129,22 @@ def main():
     from triton.testing import do_bench
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from warp_specialized_dense import dense_cases, save_rows
+    wgmma = load_file(ROOT / "solutions" / "fast_variable_block_wgmma.py")
 
-    def kernel(path):
+    # The .cu's entry point before it took GQA, windows and sinks (an --old copy may have it).
+    legacy_argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(ctypes.c_int64)] + [ctypes.c_int] * 5 + \
+        [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+
+    def kernel(path, source):
         lib = ctypes.CDLL(str(path))
-        lib.stage4w_forward.argtypes = [ctypes.c_void_p] * 5 + [ctypes.POINTER(ctypes.c_int64)] + \
-            [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        legacy = "int kv_heads" not in source.read_text()
+        lib.stage4w_forward.argtypes = legacy_argtypes if legacy else wgmma.ARGTYPES
         lib.stage4w_forward.restype = ctypes.c_int
-        return lib
+        return lib, legacy
 
-    libs = [kernel(path) for path, _ in built]
+    libs = [kernel(path, source) for (path, _), (_, source, _) in zip(built, todo)]
     rows = []
+
     def cases():
         """dense_cases()'s four, then B4 H16 N4096 without a mask at the other head dims."""
         yield from dense_cases()
@@ -171,13 +177,15 @@ def main():
 
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             record("cudnn", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
-        for (name, _, defines), lib, (_, notes) in zip(todo, libs, built):
+        for (name, _, defines), (lib, legacy), (_, notes) in zip(todo, libs, built):
             if defines["HEAD_DIM"] != D:
                 continue
 
-            def run(lib=lib):
+            def run(lib=lib, legacy=legacy):
+                shape = (B, H, N, N, D) if legacy else (B, H, H, N, N, D)
+                options = (int(causal),) if legacy else (int(causal), 0, 0, None)
                 err = lib.stage4w_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                                          strides, B, H, N, N, D, 1.0 / math.sqrt(D), 1, int(causal), stream)
+                                          strides, *shape, 1.0 / math.sqrt(D), 1, *options, stream)
                 if err:
                     raise RuntimeError(f"{name}: error {err}")
                 return o
