@@ -261,6 +261,7 @@ def test_json_rows_round_trip(tmp_path):
     ("bench-h100.json", "performance", "NVIDIA H100"),
     ("bench-stage9-h200.json", "performance-stage9-h200", "NVIDIA H200"),    # H100 and H200 runs kept apart
     ("bench-stage45-h100.json", "performance-stage45-h100", "NVIDIA H100"),
+    ("bench-stage678-h200.json", "performance-stage678-h200", "NVIDIA H200"),
 ])
 def test_the_performance_page_is_generated_from_the_committed_json(source, page_name, device):
     """Each performance page is what `bench report` makes of its committed JSON: it cannot drift."""
@@ -443,7 +444,8 @@ def test_the_split_query_table_in_the_notes_is_the_committed_probe_s():
 
 
 @pytest.mark.parametrize("probe, source, rows", [("wgmma_forward", "hopper-probe-wgmma-forward-h200.json", 6),
-                                                  ("wgmma_schedule", "hopper-probe-wgmma-schedule-h200.json", 11)])
+                                                  ("wgmma_schedule", "hopper-probe-wgmma-schedule-h200.json", 11),
+                                                  ("wgmma_window_tiles", "hopper-probe-wgmma-window-h200.json", 4)])
 def test_the_wgmma_tables_in_the_notes_are_the_committed_probes(probe, source, rows):
     """Sections 8's and 10's tables are what their probes' summaries make of the JSON committed
     beside them; no kernel that ran gave a wrong output; the notes name the run's GPU, versions and
@@ -474,6 +476,30 @@ def test_the_notes_ranges_for_the_wgmma_forward_on_the_h100_are_the_committed_be
             f"TMA forward's {span('stage5', 'solution-tma')} there") in notes
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"matches cuDNN's forward: {span('stage5', 'solution-wgmma')} on stage 5" in readme
+
+
+def test_the_notes_figures_for_the_wgmma_forward_at_stages_6_to_8_are_the_committed_bench_s():
+    """Section 10's list on docs/bench-stage678-h200.json: the wgmma forward against cuDNN, the TMA
+    forward and FlexAttention, each from the JSON."""
+    doc = json.loads((ROOT / "docs" / "bench-stage678-h200.json").read_text())
+    get = {(r["case"], r["provider"]): r["tflops"] for r in doc["rows"]}
+
+    def ratio(case, other):
+        return f"{get[case, 'solution-wgmma'] / get[case, other]:.2f}x"
+
+    def span(cases, other):
+        values = sorted(ratio(c, other) for c in cases)
+        return f"{values[0].removesuffix('x')}-{values[-1]}"
+    gqa = [f"B4 Hq32/Hkv8 N4096 D{d} causal fwd" for d in (128, 64)]
+    full = "B4 Hq32/Hkv8 N8192 D64 causal sinks fwd"
+    windows = {w: [f"B4 Hq32/Hkv8 N8192 D64 W{w}{s} fwd" for s in ("", " sinks")] for w in (128, 1024)}
+    notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
+    assert doc["device"] == "NVIDIA H200"
+    assert (f"{ratio(gqa[0], 'sdpa-cudnn')} cuDNN at D128 and {ratio(gqa[1], 'sdpa-cudnn')} at D64, "
+            f"{ratio(gqa[0], 'solution-tma')} and {ratio(gqa[1], 'solution-tma')} the TMA forward") in notes
+    assert f"{ratio(full, 'solution-tma')} the TMA forward, {ratio(full, 'flex')} FlexAttention" in notes
+    assert (f"slower than the TMA forward**, {span(windows[128], 'solution-tma')} at 128 keys and "
+            f"{span(windows[1024], 'solution-tma')} at 1024") in notes
 
 
 def test_the_backward_kernels_table_in_the_notes_is_the_committed_probe_s():
