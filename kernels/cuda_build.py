@@ -185,6 +185,24 @@ def load(source: str | os.PathLike, *, defines: dict[str, int], label: str = "CU
     return lib
 
 
+def ptxas_by_function(report: str) -> dict[str, list[str]]:
+    """What ``nvcc -Xptxas -v`` said of each kernel: the lines that name it (its warnings, such as
+    C7514, "wgmma instructions are serialized") and its stack frame and spill line."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in report.splitlines():
+        if "(C75" in line and line.count("'") >= 2:         # "... in [the] function '<name>'", before its entry
+            out.setdefault(line.rsplit("'", 2)[-2], []).append(line)
+        elif "Compiling entry function '" in line:
+            current = line.split("'")[1]
+            out.setdefault(current, [])
+        elif "Function properties for " in line:
+            current = line.split("Function properties for ")[1].strip()
+        elif current and "bytes stack frame" in line:
+            out.setdefault(current, []).append(line.strip())
+    return out
+
+
 @dataclass
 class CompileResult:
     ok: bool

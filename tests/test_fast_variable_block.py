@@ -86,21 +86,21 @@ def _planned_builds():
 _MANGLED = {"full": "Lb0ELb0EEEvNS_6ParamsE", "causal": "Lb1ELb0EEEvNS_6ParamsE", "window": "Lb1ELb1EEEvNS_6ParamsE"}
 
 
-def _ptxas_by_function(report: str) -> dict[str, list[str]]:
-    """ptxas's -v lines per kernel: those that name it, and its stack frame line."""
-    lines, out, current = report.splitlines(), {}, None
-    for line in lines:
-        if "Compiling entry function '" in line:
-            current = line.split("'")[1]
-            out[current] = []
-        elif "Function properties for " in line:
-            current = line.split("Function properties for ")[1].strip()
-        elif current and "bytes stack frame" in line:
-            out.setdefault(current, []).append(line.strip())
-        for name in out:
-            if name in line and "(C75" in line:
-                out[name].append(line)
-    return out
+def test_ptxas_lines_are_told_apart_by_kernel():
+    """ptxas prints its warnings before the entry they are about, naming it; the frame line after."""
+    report = """ptxas info    : (C7514) Performance Loss: wgmma ... serialized due to x in the function 'kB'
+ptxas info    : (C7512) Performance Loss: wgmma ... serialized due to y for the function 'kA'
+ptxas info    : Compiling entry function 'kA' for 'sm_90a'
+ptxas info    : Function properties for kA
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'kB' for 'sm_90a'
+ptxas info    : Function properties for kB
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+"""
+    said = cuda_build.ptxas_by_function(report)
+    assert list(said) == ["kB", "kA"]
+    assert "(C7512)" in said["kA"][0] and said["kA"][1].startswith("0 bytes stack frame")
+    assert "(C7514)" in said["kB"][0] and said["kB"][1].startswith("8 bytes stack frame, 4 bytes spill stores")
 
 
 @pytest.mark.slow
@@ -116,7 +116,7 @@ def test_ptxas_keeps_every_planned_tiles_products_in_flight(fast, d, mask, tmp_p
            f"-DPINGPONG={int(pingpong)}", str(fast.CU_FILE), "-o", str(tmp_path / "k.cubin")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    functions = _ptxas_by_function(result.stderr)
+    functions = cuda_build.ptxas_by_function(result.stderr)
     served = {name: notes for name, notes in functions.items() if name.endswith(_MANGLED[mask])}
     assert len(functions) == 6 and len(served) == 2, list(functions)
     for name, notes in served.items():

@@ -48,12 +48,23 @@ SCHEDULES = {64: [(0, 0), (0, 1), (1, 0), (1, 1)], 128: [(0, 0), (0, 1), (1, 0),
 OLD_TILES = {64: [(128, 3, 2)], 128: [(96, 3, 2), (80, 3, 2)]}
 
 
-def jobs(new: Path, old: Path | None) -> list[tuple[str, Path, dict]]:
-    """(provider name, source, defines) of every kernel the probe times."""
+def parse_tiles(spec: str) -> dict[int, list[tuple[int, int, int]]]:
+    """``--tiles``: "64=128x3x3,128x2x3;128=128x2x3", keys x consumer warpgroups x stages by head dim."""
+    out = {}
+    for part in spec.split(";"):
+        d, tiles = part.split("=")
+        out[int(d)] = [tuple(int(x) for x in t.split("x")) for t in tiles.split(",")]
+    return out
+
+
+def jobs(new: Path, old: Path | None, tiles_by_dim: dict | None = None,
+         turns_only: bool = False) -> list[tuple[str, Path, dict]]:
+    """(provider name, source, defines) of every kernel the probe times: TILES (or
+    ``tiles_by_dim``) under each schedule (with ``turns_only``, PINGPONG=1 and no early rescale)."""
     out = []
-    for d, tiles in TILES.items():
+    for d, tiles in (tiles_by_dim or TILES).items():
         for bn, wg, st in tiles:
-            for pp, er in SCHEDULES.get(d, [(0, 0), (1, 0)]):
+            for pp, er in [(1, 0)] if turns_only else SCHEDULES.get(d, [(0, 0), (1, 0)]):
                 out.append((f"new {bn}/{wg}wg/{st}s pp{pp} er{er}", new,
                             dict(HEAD_DIM=d, BLOCK_N=bn, WARPGROUPS=wg, STAGES=st, PINGPONG=pp, EARLY_RESCALE=er)))
     if old is not None:
@@ -78,9 +89,12 @@ def build(source: Path, defines: dict, folder: Path) -> tuple[Path, str]:
         if done.returncode:
             raise RuntimeError(f"nvcc failed for {defines}:\n{done.stderr[-3000:]}")
         log.write_text(done.stderr)
-    notes = sorted({line.split("(C7")[1][:3] for line in log.read_text().splitlines() if "(C751" in line})
-    spills = max((int(w.split()[0]) for line in log.read_text().splitlines() if "spill stores" in line
-                  for w in [line.split("bytes stack frame, ")[1]]), default=0)
+    # The dense and causal instantiations only: a window's (WINDOW=true) has tiles of its own.
+    lines = [line for name, said in cuda_build.ptxas_by_function(log.read_text()).items()
+             if not name.endswith("Lb1ELb1EEEvNS_6ParamsE") for line in said]
+    notes = sorted({line.split("(C7")[1][:3] for line in lines if "(C751" in line})
+    spills = max((int(line.split("bytes stack frame, ")[1].split()[0]) for line in lines if "spill stores" in line),
+                 default=0)
     return lib, ",".join("C7" + n for n in notes) + (f" spills {spills} B" if spills else "")
 
 
@@ -114,8 +128,11 @@ def main():
     parser.add_argument("--build", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "wgmma-schedule")
     parser.add_argument("--build-only", action="store_true", help="build every kernel and stop (no GPU needed)")
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "wgmma-schedule.json"))
+    parser.add_argument("--tiles", type=parse_tiles, help='other tiles, e.g. "64=128x3x3;128=128x2x3"; '
+                        "timed with turns only, at those head dims only")
     args = parser.parse_args()
-    todo = jobs(args.new, args.old)
+    todo = jobs(args.new, args.old, args.tiles, turns_only=args.tiles is not None)
+    head_dims = set(args.tiles or TILES)
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         built = list(pool.map(lambda j: build(j[1], j[2], args.build), todo))
     for (name, _, defines), (_, notes) in zip(todo, built):
@@ -147,8 +164,8 @@ def main():
 
     def cases():
         """dense_cases()'s four, then B4 H16 N4096 without a mask at the other head dims."""
-        yield from dense_cases()
-        for D in sorted(set(TILES) - {64, 128}):
+        yield from (case for case in dense_cases() if case[0] in head_dims)
+        for D in sorted(head_dims - {64, 128}):
             torch.manual_seed(0)
             q, k, v = (torch.randn(4, 16, 4096, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             yield D, False, (q, k, v), 4 * 4 * 16 * D * 4096 * 4096, torch.nn.functional.scaled_dot_product_attention(
