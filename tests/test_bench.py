@@ -478,6 +478,17 @@ def test_the_notes_ranges_for_the_wgmma_forward_on_the_h100_are_the_committed_be
     assert f"matches cuDNN's forward: {span('stage5', 'solution-wgmma')} on stage 5" in readme
 
 
+def test_the_notes_range_for_deeper_wgmma_rings_is_the_committed_probe_s():
+    """Section 10's line on docs/hopper-probe-wgmma-stages-h200.json: each tile with three or four
+    stages against the same tile with two, in the same run."""
+    rows = json.loads((ROOT / "docs" / "hopper-probe-wgmma-stages-h200.json").read_text())["rows"]
+    get = {(r["case"], r["provider"]): r["tflops"] for r in rows}
+    ratios = [t / get[c, p.replace(f"/{n}s ", "/2s ")] for (c, p), t in get.items()
+              for n in (3, 4) if f"/{n}s " in p]
+    notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
+    assert len(ratios) == 8 and f"{min(ratios):.2f}-{max(ratios):.2f}x the same tile with two" in notes
+
+
 def test_the_notes_figures_for_the_wgmma_forward_at_stages_6_to_8_are_the_committed_bench_s():
     """Section 10's list on docs/bench-stage678-h200.json: the wgmma forward against cuDNN, the TMA
     forward and FlexAttention, each from the JSON."""
