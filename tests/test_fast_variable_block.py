@@ -40,10 +40,11 @@ def _inputs(b, h, nq, nk, d, dtype, seed=0, scale=1.0):
 # ---- any machine -------------------------------------------------------------------------
 
 def test_every_planned_tile_fits_in_shared_memory(fast):
+    assert set(fast.WINDOW_TILES) == set(fast.TILES)
     for d in range(16, 257, 8):
-        for causal in (False, True):
-            block_n, warpgroups, stages, _ = fast.plan(d, causal)
-            assert fast.smem_bytes(d, block_n, warpgroups, stages) <= fast.SMEM_LIMIT - 256, (d, causal)
+        for causal, window in ((False, False), (True, False), (True, True)):
+            block_n, warpgroups, stages, _ = fast.plan(d, causal, window)
+            assert fast.smem_bytes(d, block_n, warpgroups, stages) <= fast.SMEM_LIMIT - 256, (d, causal, window)
     with pytest.raises(ValueError, match="head_dim"):
         fast.plan(264)
 
