@@ -519,9 +519,11 @@ attention_kernel(const __grid_constant__ Params p) {
         float inv = l > 0.f ? 1.f / l : 0.f, lse2 = l > 0.f ? m2 + __log2f(l) : -INFINITY;
         if (p.sinks != nullptr) {
             const float s2 = p.sinks[h] * 1.4426950408889634f, top = fmaxf(m2, s2);
-            const float total = l * fast_exp2(m2 - top) + fast_exp2(s2 - top);
-            inv = fast_exp2(m2 - top) / total;
-            lse2 = top + __log2f(total);
+            if (top != -INFINITY) {               // a sink of -inf on a row with no key: o = 0, lse = -inf
+                const float total = l * fast_exp2(m2 - top) + fast_exp2(s2 - top);
+                inv = fast_exp2(m2 - top) / total;
+                lse2 = top + __log2f(total);
+            }
         }
         const int r = row_w + g + 8 * i;          // row in the block; r % 8 == g
         #pragma unroll

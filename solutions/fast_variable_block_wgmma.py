@@ -64,7 +64,8 @@ TILES = {64: (128, 3, 2, True), 72: (128, 3, 2, True), 80: (112, 3, 2, True), 96
 # Under the causal mask, where they differ: the same sweep's fastest causal entry.
 CAUSAL_TILES = {64: (128, 2, 2, True)}
 # Under a sliding window (its own build of the kernel, with more to compute per mask) the tiles
-# above run out of registers and spill at most head dims; these do not (ptxas), not timed.
+# above run out of registers and spill at most head dims; these do not (ptxas).  Timed at D64
+# only, where no other tile beat them (docs/hopper-notes.md, section 10).
 WINDOW_TILES = {64: (128, 2, 2, True), 72: (128, 2, 2, True), 80: (128, 2, 2, True), 96: (128, 2, 2, True),
                 128: (144, 2, 2, True), 160: (96, 2, 2, True), 256: (48, 2, 2, True)}
 SMEM_LIMIT = 227 * 1024       # an H100's shared memory per thread block
@@ -167,9 +168,11 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     strides = (ctypes.c_int64 * 12)(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None
+    # A window or sink tokens beyond Nk keys mean the same as Nk of them, and stay in a C int.
+    window, sink_tokens = min(window or 0, Nk), min(sink_tokens, Nk)
     err = lib.stage4w_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), strides,
                               B, Hq, Hkv, Nq, Nk, D, scale, 0 if q.dtype == torch.float16 else 1, int(causal),
-                              window or 0, sink_tokens, sinks.data_ptr() if sinks is not None else None,
+                              window, sink_tokens, sinks.data_ptr() if sinks is not None else None,
                               torch.cuda.current_stream(q.device).cuda_stream)
     if err:
         raise RuntimeError(f"the wgmma kernel failed: {lib.stage4w_error_string(err).decode()}")

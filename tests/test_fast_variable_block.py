@@ -49,13 +49,6 @@ def test_every_planned_tile_fits_in_shared_memory(fast):
         fast.plan(264)
 
 
-def test_the_causal_table_only_overrides_listed_head_dims(fast):
-    assert set(fast.CAUSAL_TILES) <= set(fast.TILES)
-    for d in range(16, 257, 8):
-        limit = min(x for x in fast.TILES if d <= x)
-        assert fast.plan(d, True) == fast.CAUSAL_TILES.get(limit, fast.plan(d)), d
-
-
 @pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
 @pytest.mark.parametrize("d", [72, 160])
 def test_nvcc_builds_the_planned_kernel_and_its_shared_memory_matches_the_plan(fast, d, tmp_path):
@@ -261,3 +254,22 @@ def test_gpu_window_with_tile_overrides(fast, tiles):
     sinks = torch.linspace(-2.0, 3.0, 4, device=DEVICE)
     opts = dict(causal=True, window=100, sink_tokens=20, sinks=sinks)
     _check(*fast.flash_attention(q, k, v, **opts, **tiles), q, k, v, **opts)
+
+
+@needs_hopper
+def test_gpu_windows_and_sink_tokens_past_every_key_mean_every_key(fast):
+    """A window or sink-token count larger than a C int reaches the kernel as Nk, not wrapped."""
+    q, k, v = _inputs(1, 2, 300, 200, 64, torch.bfloat16, seed=5)
+    for huge in (dict(window=2**32 + 5), dict(window=3, sink_tokens=2**32 + 5)):
+        o, lse = fast.flash_attention(q, k, v, causal=True, **huge)
+        _check(o, lse, q, k, v, causal=True, **huge)
+
+
+@needs_hopper
+def test_gpu_a_sink_of_minus_infinity_on_rows_that_see_no_key(fast):
+    q, k, v = _inputs(1, 2, 70, 30, 64, torch.bfloat16, seed=6)
+    sinks = torch.tensor([float("-inf"), 1.0], device=DEVICE)
+    o, lse = fast.flash_attention(q, k, v, causal=True, sinks=sinks)
+    assert torch.all(o[:, :, :40] == 0) and not o.isnan().any()
+    assert torch.all(lse[:, 0, :40] == float("-inf")) and torch.all(lse[:, 1, :40] == 1.0)
+    _check(o, lse, q, k, v, causal=True, sinks=sinks)
