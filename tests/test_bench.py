@@ -443,19 +443,21 @@ def test_the_split_query_table_in_the_notes_is_the_committed_probe_s():
     assert not [r for r in doc["rows"] if "error" in r] and _names_its_run(notes, doc)
 
 
-@pytest.mark.parametrize("probe, source, rows", [("wgmma_forward", "hopper-probe-wgmma-forward-h200.json", 6),
-                                                  ("wgmma_schedule", "hopper-probe-wgmma-schedule-h200.json", 11),
-                                                  ("wgmma_window_tiles", "hopper-probe-wgmma-window-h200.json", 4)])
-def test_the_wgmma_tables_in_the_notes_are_the_committed_probes(probe, source, rows):
+@pytest.mark.parametrize("probe, source, rows, section", [
+    ("wgmma_forward", "hopper-probe-wgmma-forward-h200.json", 6, 8),
+    ("wgmma_schedule", "hopper-probe-wgmma-schedule-h200.json", 11, 10),
+    ("wgmma_window_tiles", "hopper-probe-wgmma-window-h200.json", 4, 10)])
+def test_the_wgmma_tables_in_the_notes_are_the_committed_probes(probe, source, rows, section):
     """Sections 8's and 10's tables are what their probes' summaries make of the JSON committed
-    beside them; no kernel that ran gave a wrong output; the notes name the run's GPU, versions and
-    CUDA compiler."""
+    beside them; no kernel that ran gave a wrong output; the section names the run's GPU, versions
+    and CUDA compiler."""
     doc = json.loads((ROOT / "docs" / source).read_text())
     lines = _probe(probe).summary(doc["rows"])
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    assert len(lines) == rows and all(line in notes for line in lines), "\n".join(lines)
-    assert not [r for r in doc["rows"] if "error" in r] and _names_its_run(notes, doc)
-    assert f"nvcc {doc['nvcc']}" in notes, "the notes name the CUDA compiler the run built with"
+    text = notes.split(f"\n## {section}. ")[1].split("\n## ")[0]
+    assert len(lines) == rows and all(line in text for line in lines), "\n".join(lines)
+    assert not [r for r in doc["rows"] if "error" in r] and _names_its_run(text, doc)
+    assert f"nvcc {doc['nvcc']})" in " ".join(text.split()), "the section names the CUDA compiler the run built with"
 
 
 def test_the_notes_ranges_for_the_wgmma_forward_on_the_h100_are_the_committed_bench_s():
@@ -472,10 +474,10 @@ def test_the_notes_ranges_for_the_wgmma_forward_on_the_h100_are_the_committed_be
     notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
     assert doc["device"].startswith("NVIDIA H100")
     assert (f"the wgmma forward at {span('stage5', 'solution-wgmma')} cuDNN on stage 5's dense cases (D64 and "
-            f"D128, causal and not) and {span('stage4', 'solution-wgmma')} on stage 4's head dims, against the "
-            f"TMA forward's {span('stage5', 'solution-tma')} there") in notes
+            f"D128, causal and not) and {span('stage4', 'solution-wgmma')} on stage 4's head dims; on stage 5 the "
+            f"TMA forward reached {span('stage5', 'solution-tma')} cuDNN") in notes
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"matches cuDNN's forward: {span('stage5', 'solution-wgmma')} on stage 5" in readme
+    assert f"reaches cuDNN's forward in one H100 run: {span('stage5', 'solution-wgmma')} on stage 5" in readme
 
 
 def test_the_notes_range_for_deeper_wgmma_rings_is_the_committed_probe_s():
