@@ -480,6 +480,25 @@ def test_the_notes_ranges_for_the_wgmma_forward_on_the_h100_are_the_committed_be
     assert f"reaches cuDNN's forward in one H100 run: {span('stage5', 'solution-wgmma')} on stage 5" in readme
 
 
+def test_notebook_4s_figures_for_the_wgmma_variant_are_the_committed_h100_bench_s():
+    """Stage 4's notebook quotes the wgmma variant's TFLOP/s and its ratios to FlashAttention-2 and
+    cuDNN from docs/bench-stage45-h100.json's stage 4 rows."""
+    doc = json.loads((ROOT / "docs" / "bench-stage45-h100.json").read_text())
+    get = {(r["case"], r["provider"]): r["tflops"] for r in doc["rows"] if r["stage"] == "stage4"}
+    cases = [f"B4 H16 N4096 D{d} fwd" for d in (48, 72, 96, 160)]
+    cells = json.loads((ROOT / "notebooks" / "04_variable_block.ipynb").read_text())["cells"]
+    text = " ".join(" ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").split())
+
+    def span(other):
+        ratios = [get[c, "solution-wgmma"] / get[c, other] for c in cases]
+        return f"{min(ratios):.2f}-{max(ratios):.2f}x"
+    tflops = [f"{get[c, 'solution-wgmma']:.1f}" for c in cases]
+    figures = ", ".join(tflops[:3]) + f" and {tflops[3]}"
+    assert doc["device"] in text
+    assert (f"{figures} TFLOP/s at D = 48, 72, 96 and 160, that is {span('sdpa-flash')} FlashAttention-2 and "
+            f"{span('sdpa-cudnn')} cuDNN in the same run") in text
+
+
 def test_the_notes_range_for_deeper_wgmma_rings_is_the_committed_probe_s():
     """Section 10's line on docs/hopper-probe-wgmma-stages-h200.json: each tile with three or four
     stages against the same tile with two, in the same run."""
