@@ -65,7 +65,7 @@ TILES = {64: (128, 3, 2, True), 72: (128, 3, 2, True), 80: (112, 3, 2, True), 96
 CAUSAL_TILES = {64: (128, 2, 2, True)}
 # Under a sliding window (its own build of the kernel, with more to compute per mask) the tiles
 # above run out of registers and spill at most head dims; these do not (ptxas).  Timed at D64
-# only, where no other tile beat them (docs/hopper-notes.md, section 10).
+# only, where no other tile of eight was more than 2% faster (docs/hopper-notes.md, section 10).
 WINDOW_TILES = {64: (128, 2, 2, True), 72: (128, 2, 2, True), 80: (128, 2, 2, True), 96: (128, 2, 2, True),
                 128: (144, 2, 2, True), 160: (96, 2, 2, True), 256: (48, 2, 2, True)}
 SMEM_LIMIT = 227 * 1024       # an H100's shared memory per thread block
