@@ -97,6 +97,19 @@ def smem_bytes(head_dim: int, block_n: int, warpgroups: int, stages: int) -> int
     return panels * 128 * (64 * warpgroups + 2 * stages * block_n) + 1024
 
 
+_built: dict[tuple, ctypes.CDLL] = {}
+
+
+def library(head_dim: int, block_n: int, warpgroups: int, stages: int, pingpong: bool = False) -> ctypes.CDLL:
+    """The kernel built for this head dim and tile, compiled on first use and kept for the process
+    (``cuda_build.load`` reads and hashes the source on every call)."""
+    key = (head_dim, block_n, warpgroups, stages, bool(pingpong))
+    lib = _built.get(key)
+    if lib is None:
+        lib = _built[key] = _kernel(*key)
+    return lib
+
+
 def _kernel(head_dim: int, block_n: int, warpgroups: int, stages: int, pingpong: bool = False):
     lib = cuda_build.load(CU_FILE, label="stage 4 wgmma kernel", arch=ARCH,
                           defines={"HEAD_DIM": head_dim, "BLOCK_N": block_n, "WARPGROUPS": warpgroups,
@@ -158,7 +171,7 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
                            "solutions/stage4_variable_block.py runs on any GPU from Ampere on")
     if B * Hq > 65535:
         raise ValueError(f"batch x heads is {B * Hq}; the kernel's grid allows at most 65535")
-    lib = _kernel(D, bn, wgs, ns, chosen["pingpong"])
+    lib = library(D, bn, wgs, ns, chosen["pingpong"])
     q, k, v = (x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.clone(memory_format=torch.contiguous_format)
                for x in (q, k, v))
     o = torch.empty(B, Hq, Nq, D, device=q.device, dtype=q.dtype)

@@ -76,8 +76,8 @@ def test_a_launch_is_described_argument_by_argument(op):
     record = [(_compiled(SIGNATURE, scratch=128), (3, 2), (q, o, rows, 7, 2**40, 0.125, True, 64, 1))]
     inputs, allocs, launches, outputs = op.native.describe_part(record, [q, None, o, lse], 2, [2, 3])
     assert (inputs, outputs) == (2, [2, 3]) and allocs[0] is o and allocs[1] is lse
-    (function, grid, threads, shared, scratch, args), = launches
-    assert (function, grid, threads, shared, scratch) == (0x1234, [3, 2, 1], 128, 1024, 128 * 6)
+    (function, grid, threads, shared, scratch, args, host_error), = launches
+    assert (function, grid, threads, shared, scratch, host_error) == (0x1234, [3, 2, 1], 128, 1024, 128 * 6, 0)
     n = op.native
     assert args == [(n.BUFFER, 0), (n.BUFFER, 2), (n.BUFFER, 3), (n.INT32, 7), (n.INT64, 2**40),
                     (n.FLOAT32, struct.unpack("<I", struct.pack("<f", 0.125))[0]), (n.INT8, 1)]
@@ -85,6 +85,50 @@ def test_a_launch_is_described_argument_by_argument(op):
     addresses = (n.Pointer(q.data_ptr()), n.Pointer(o.data_ptr()), n.Pointer(rows.data_ptr()))
     record = [(_compiled(SIGNATURE, scratch=128), (3, 2), (*addresses, 7, 2**40, 0.125, True, 64, 1))]
     assert n.describe_part(record, [q, None, o, lse], 2, [2, 3])[2] == launches
+
+
+class _HostLib:
+    """A stand-in for a built wgmma kernel: two C functions with addresses (libc's, never called)."""
+
+    def __init__(self):
+        import ctypes
+        libc = ctypes.CDLL(None)
+        self.stage4w_forward, self.stage4w_error_string = libc.strlen, libc.strerror
+
+
+def _host_args(n, q, k, v, o, lse, sinks):
+    strides = tuple(range(100, 112))
+    return (n.Pointer(q.data_ptr()), n.Pointer(k.data_ptr()), n.Pointer(v.data_ptr()), n.Pointer(o.data_ptr()),
+            n.Pointer(lse.data_ptr()), strides, 2, 8, 2, 40, 50, 72, 0.125, 1, 1, 16, 2,
+            None if sinks is None else n.Pointer(sinks.data_ptr()))
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_a_wgmma_call_is_described_as_native_cpp_calls_it(op, with_sinks):
+    """The wgmma forward is a host function, not a Triton launch: recorded as a HostCall, described with
+    its function's and its error text's addresses and every argument in the order native.cpp's
+    HostForward takes them, buffers by index, absent sinks as NULL."""
+    import ctypes
+    n = op.native
+    q, k, v, o, lse, sinks = (torch.zeros(16) for _ in range(6))
+    lib = _HostLib()
+    call = n.HostCall(lib, _host_args(n, q, k, v, o, lse, sinks if with_sinks else None))
+    buffers = [q, k, v, sinks if with_sinks else None, o, lse]
+    (function, grid, threads, shared, scratch, args, host_error), = n.describe_part([call], buffers, 4, [4, 5])[2]
+    assert function == ctypes.cast(lib.stage4w_forward, ctypes.c_void_p).value
+    assert host_error == ctypes.cast(lib.stage4w_error_string, ctypes.c_void_p).value != 0
+    assert (grid, threads, shared, scratch) == ([1, 1, 1], 0, 0, 0)
+    assert args[:5] == [(n.BUFFER, 0), (n.BUFFER, 1), (n.BUFFER, 2), (n.BUFFER, 4), (n.BUFFER, 5)]
+    assert args[5:17] == [(n.INT64, s) for s in range(100, 112)]
+    assert args[17:23] == [(n.INT32, x) for x in (2, 8, 2, 40, 50, 72)]
+    assert args[23] == (n.FLOAT32, struct.unpack("<I", struct.pack("<f", 0.125))[0])
+    assert args[24:28] == [(n.INT32, x) for x in (1, 1, 16, 2)]
+    assert args[28] == ((n.BUFFER, 3) if with_sinks else (n.NULL, 0))
+    assert len(args) == 29
+    empty = n.HostCall(lib, (*_host_args(n, q, k, v, o, lse, None)[:9], 0, *_host_args(n, q, k, v, o, lse, None)[10:]))
+    assert n.describe_part([empty], buffers, 4, [4, 5])[2][0][1] == [0, 1, 1]        # Nq = 0: nothing to launch
+    stranger = n.HostCall(lib, _host_args(n, q, k, v, torch.zeros(16), lse, None))     # o none of the buffers
+    assert n.describe_part([stranger], buffers, 4, [4, 5]) is None
 
 
 @pytest.mark.parametrize("case", ["unknown pointer", "one object twice", "two objects one pointer", "a cluster",
@@ -241,7 +285,11 @@ CASES = {   # (B, Hq, Hkv, N, D, layout, options)
     "tma bnhd causal window sinks gqa": (1, 8, 2, 256, 64, "bnhd", dict(is_causal=True, window=64, sinks=True)),
     "tma bhnd dense d128": (2, 4, 4, 192, 128, "bhnd", {}),
     "stage 9 d24 causal": (1, 4, 2, 100, 24, "bnhd", dict(is_causal=True, sink_tokens=3, window=16)),
+    "d80 bnhd causal sinks gqa": (2, 8, 2, 200, 80, "bnhd", dict(is_causal=True, sinks=True)),
 }
+# "wgmma": the wgmma forward wherever it can run (a GPU of compute capability 9.0), recorded as a host call.
+WGMMA = runtime.ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+KERNEL_SETS = ["auto", "stage9", *(["wgmma"] if WGMMA else [])]
 
 
 def _call(op, q, k, v, s, layout, options):
@@ -258,10 +306,13 @@ def _fwd_bwd(op, q, k, v, s, layout, options, do):
 
 
 @gpu
-@pytest.mark.parametrize("kernel_set", ["auto", "stage9"])
+@pytest.mark.parametrize("kernel_set", KERNEL_SETS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_cpp_path_gives_the_python_paths_bits(op, built, case, kernel_set, monkeypatch):
     monkeypatch.setattr(op.plans, "KERNELS", kernel_set)
+    python_wgmma = []                                       # the wgmma forwards the Python path ran
+    real = op.launch._wgmma_forward
+    monkeypatch.setattr(op.launch, "_wgmma_forward", lambda *a, **kw: (python_wgmma.append(1), real(*a, **kw))[1])
     b, hq, hkv, n, d, layout, options = CASES[case]
     q, k, v, s = _inputs(b, hq, hkv, n, d, layout=layout, sinks=options.get("sinks", False))
     do = torch.randn_like(q)
@@ -269,13 +320,15 @@ def test_the_cpp_path_gives_the_python_paths_bits(op, built, case, kernel_set, m
         want = _fwd_bwd(op, q, k, v, s, layout, options, do)
         with torch.no_grad():
             want_o = _call(op, q, k, v, s, layout, options)
-    before = op.native.counts()
+    assert bool(python_wgmma) == (kernel_set == "wgmma" and d % 8 == 0), "the wgmma forward ran where not planned"
+    before, python_before = op.native.counts(), len(python_wgmma)
     for _ in range(3):                                      # the first call records, the others replay
         got = _fwd_bwd(op, q, k, v, s, layout, options, do)
         with torch.no_grad():
             got_o = _call(op, q, k, v, s, layout, options)
     after = op.native.counts()
     assert after["forward_runs"] - before["forward_runs"] >= 4 and after["backward_runs"] - before["backward_runs"] >= 2
+    assert len(python_wgmma) - python_before <= 2           # the two recording calls; C++ ran the rest
     assert torch.equal(got_o, want_o) and torch.equal(got[0], want[0])
     assert got_o.stride() == want_o.stride() and got[0].stride() == want[0].stride()
     for g, w in zip(got[1], want[1]):
@@ -340,7 +393,9 @@ def test_saved_tensors_given_back_in_another_layout_are_copied(op, built):
 
 
 @gpu
-def test_cuda_graphs_capture_the_cpp_path(op, built):
+@pytest.mark.parametrize("kernel_set", KERNEL_SETS)
+def test_cuda_graphs_capture_the_cpp_path(op, built, kernel_set, monkeypatch):
+    monkeypatch.setattr(op.plans, "KERNELS", kernel_set)
     q, k, v, s = _inputs(1, 8, 2, 256, 64, layout="bnhd", sinks=True, seed=3)
     options = dict(is_causal=True, window=64, sinks=True)
     with torch.no_grad():

@@ -30,8 +30,11 @@ def op():
 
 
 # Which kernels serve the op: stage 9's, or the TMA kernels ("auto" takes them on a GPU of compute
-# capability 9.0 or later; "tma" takes them in Triton's CPU interpreter too).
-KERNEL_SETS = ["stage9", "tma" if not runtime.ON_GPU else "auto"]
+# capability 9.0; "tma" takes them in Triton's CPU interpreter too), or on such a GPU the wgmma
+# forward wherever it can run ("wgmma"; "auto" takes it where its plan timed it faster).
+WGMMA = runtime.ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+KERNEL_SETS = ["stage9", "tma" if not runtime.ON_GPU else "auto", *(["wgmma"] if WGMMA else [])]
+wgmma_gpu = pytest.mark.skipif(not WGMMA, reason="needs a GPU of compute capability 9.0 (H100, H200): wgmma")
 
 
 @pytest.fixture(params=KERNEL_SETS)
@@ -211,7 +214,8 @@ def test_op_path_matches_eager_path(op, kernels):
 def test_launch_plan_is_cached(op):
     args = (1, 4, 2, 100, 100, 64, DTYPE, DEVICE, True, 0, 0, False)
     assert op.launch_plan(*args) is op.launch_plan(*args)
-    assert set(op.launch_plan(*args)) == {"tma", "forward", "dkdv", "dq"}
+    assert set(op.launch_plan(*args)) == {"tma", "wgmma", "forward", "dkdv", "dq"}
+    assert op.launch_plan(*args)["wgmma"] is None                      # no sm_90 GPU here, or a short call
     assert op.launch_plan(*args, tma=False)["tma"] is False
 
 
@@ -341,10 +345,13 @@ def test_same_bits_as_the_kernels_it_launches(op, kernels):
     do = torch.randn_like(q)
     o = op.attention(q, k, v, is_causal=True, window=64, sinks=sinks, enable_gqa=True)
     ours = (o, *torch.autograd.grad(o, (q, k, v, sinks), do))
-    if op.launch_plan(2, 8, 2, 300, 300, 64, DTYPE, q.device, True, 64, 0, True)["tma"]:
+    plan = op.launch_plan(2, 8, 2, 300, 300, 64, DTYPE, q.device, True, 64, 0, True)
+    assert (plan["wgmma"] is not None) == (kernels == "wgmma")
+    if plan["tma"]:
         opts = dict(causal=True, window=64, sinks=sinks.detach())
         q, k, v = (t.detach() for t in (q, k, v))
-        o_tma, lse = op.plans.tma_forward.flash_attention(q, k, v, **opts)
+        forward = op.plans.wgmma if plan["wgmma"] else op.plans.tma_forward
+        o_tma, lse = forward.flash_attention(q, k, v, **opts)
         theirs = (o_tma, *op.plans.tma_backward.flash_attention_backward(q, k, v, o_tma, lse, do, **opts))
     else:
         assert kernels == "stage9" or torch.cuda.get_device_capability()[0] < 9
@@ -393,6 +400,67 @@ def test_compile_fullgraph_matches_eager(op, kernels, n):
     compiled = _grads(torch.compile(model, fullgraph=True, dynamic=False), x)
     for i, (a, b) in enumerate(zip(compiled, eager)):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"tensor {i}: {m}")
+
+
+@wgmma_gpu
+@pytest.mark.parametrize("d, layout, options", [
+    (72, "bnhd", dict(is_causal=True, window=40, sink_tokens=3, sinks=True)),
+    (128, "bnhd", dict(is_causal=True)),
+    (96, "bhnd", dict(sinks=True)),
+    (256, "bnhd", dict(is_causal=True, sinks=True)),
+], ids=["d72 window", "d128 causal", "d96 sinks", "d256 causal sinks"])
+def test_the_wgmma_forward_behind_the_op_matches_the_reference(op, monkeypatch, d, layout, options):
+    """The op with the wgmma forward (eager and compiled), (B, N, H, D) read through its strides,
+    GQA 4:1, against the float64 reference; the backward (the TMA kernels' or stage 9's) takes its
+    o and lse.  The compiled graph calls workbook::wgmma_forward, no copy of q, k or v around it."""
+    from torch._inductor.utils import run_and_get_code
+    monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
+    ran = []
+    real = op.launch._wgmma_forward
+    monkeypatch.setattr(op.launch, "_wgmma_forward", lambda *a, **kw: (ran.append(1), real(*a, **kw))[1])
+    q, k, v = _qkv(2, 8, 2, 150, 190, d, layout=layout, grad=True, seed=d)
+    sinks = torch.randn(8, device=DEVICE, requires_grad=True) if options.get("sinks") else None
+    mask = {key: value for key, value in options.items() if key != "sinks"}
+
+    def f(q, k, v, sinks):
+        return op.attention(q, k, v, sinks=sinks, enable_gqa=True, layout=layout, **mask)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    (o_compiled,), code = run_and_get_code(lambda *a: (compiled(*a),), q, k, v, sinks)
+    assert any("workbook.wgmma_forward" in c for c in code), "the compiled graph does not call the wgmma op"
+    assert not any("aten.copy_" in c for c in code), "the compiled graph copies an input"
+    o = f(q, k, v, sinks)
+    assert ran, "the eager call did not run the wgmma forward"
+    assert torch.equal(o, o_compiled), "compiled and eager forwards differ"
+    leaves = [t for t in (q, k, v, sinks) if t is not None]
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, leaves, do)
+    bhnd = (lambda t: t.transpose(1, 2)) if layout == "bnhd" else (lambda t: t)
+    q, k, v, do = (bhnd(t).detach() for t in (q, k, v, do))
+    ref_opts = dict(causal=mask.get("is_causal", False), window=mask.get("window"),
+                    sink_tokens=mask.get("sink_tokens", 0), sinks=None if sinks is None else sinks.detach())
+    ref = reference.attention_grads(q, k, v, do, **ref_opts)
+    base = reference.attention_grads(q, k, v, do, compute_dtype=tolerance.baseline_dtype(q.dtype), **ref_opts)
+    report = tolerance.compare(bhnd(o), ref[0], base[0], name="o")
+    assert report.ok, report.message
+    floors = reference.gradient_floors(q, k, v, do, ref, **ref_opts)
+    for name, g, r, b in zip(("dq", "dk", "dv", "dsinks"), grads, ref[1:], base[1:]):
+        g = bhnd(g) if name != "dsinks" else g
+        report = tolerance.compare(g, r, b, name=name, factor=tolerance.GRADIENT_FACTOR, floor=floors[name])
+        assert report.ok, report.message
+
+
+@wgmma_gpu
+def test_the_plan_times_the_two_forwards_and_keeps_the_faster(op, monkeypatch):
+    """Where a plan is tuned on an sm_90 GPU, both forwards are timed and the faster kept."""
+    monkeypatch.setattr(op.plans, "KERNELS", "auto")
+    plan = op.launch_plan(1, 4, 4, 2048, 2048, 128, torch.bfloat16, torch.device(DEVICE), True, 0, 0, False)
+    times = plan["forward_ms"]
+    assert set(times) == {"wgmma", "tma"} and all(t > 0 for t in times.values()), plan
+    assert (plan["wgmma"] is not None) == (times["wgmma"] < times["tma"]), plan
+    assert op.launch_plan(1, 4, 4, 100, 100, 128, torch.bfloat16, torch.device(DEVICE), True, 0, 0, False)[
+        "wgmma"] is None, "a short call was planned the wgmma forward untimed"
 
 
 def test_inductor_takes_each_kernel_to_write_only_its_outputs():

@@ -18,15 +18,20 @@ are called:
   bytes: a (B, N, H, D) tensor from a projection does); anything else goes to stage 9's
   kernels, which take any head dim and strides.  Neither copies an input.  The backward's first
   kernel (delta and dsinks) is stage 9's either way, and a forward of one set and a backward of
-  the other agree on o and lse.  ``plans.KERNELS`` can pin stage 9's kernels (or, for tests, the
-  TMA kernels in Triton's CPU interpreter).
+  the other agree on o and lse.  On the same GPUs the forward of a long call may be stage 4's
+  CUDA kernel with wgmma (solutions/fast_variable_block_wgmma.cu, any head dim a multiple of 8,
+  every mask): its plan builds it and times it against the Triton forward once per shape, and
+  keeps the faster.  ``plans.KERNELS`` can pin stage 9's kernels (or, for tests, the TMA kernels
+  in Triton's CPU interpreter, or the wgmma forward wherever it can run).
 
 * **Two ``torch.library.triton_op`` ops**, ``workbook::attention_forward`` (q, k, v, sinks ->
   o, lse) and ``workbook::attention_backward`` (-> dq, dk, dv, dsinks), each launching the
   bare kernels through ``wrap_triton``, so ``torch.compile`` sees the kernels themselves (no
-  graph break).  Each has a fake implementation that allocates the outputs exactly as the op
-  does and launches nothing, so shapes, dtypes and strides are known without a GPU (Triton's
-  CPU interpreter would otherwise try to run the kernels on fake tensors).
+  graph break).  The wgmma forward, CUDA behind ctypes, is a ``custom_op`` of its own,
+  ``workbook::wgmma_forward``, which the forward op calls and a compiled graph keeps opaque.
+  Each has a fake implementation that allocates the outputs exactly as the op does and
+  launches nothing, so shapes, dtypes and strides are known without a GPU (Triton's CPU
+  interpreter would otherwise try to run the kernels on fake tensors).
   ``register_autograd`` ties the two together.  The backward has no backward of its own.
 * **Kernels that say what they write.**  Inductor learns which tensors a ``wrap_triton`` kernel
   writes by following each store's pointer back through the kernel's Triton IR, and it takes a
@@ -59,7 +64,8 @@ are called:
 * **Eager calls in C++ once their key is recorded.**  native.py records what the Python path
   launched for a call key (buffers, and each launch's function, grid and arguments: at the call
   without a gradient, at the first backward with one) and native.cpp repeats it from then on: one
-  call into C++, the kernels launched through the driver, one C++ autograd node.
+  call into C++, the kernels launched through the driver (the wgmma forward through its own host
+  function, which makes its tensor maps), one C++ autograd node.
   ``python -m grader bench host`` times its host time per call beside SDPA's and the Python
   path's in the same process (docs/stage9-notes.md).
 

@@ -3,11 +3,15 @@ and the compiled kernels the eager path keeps.
 
 Tensors arrive as (B, H, N, D), or as (B, N, H, D) with ``bnhd``, with any strides; window 0 means
 no window.  Each body launches the TMA kernels where the plan and the strides allow, else stage
-9's.  ``launch(kernel)`` is ``wrap_triton`` inside the ops, so that torch.compile sees the kernel,
-and in eager mode the kernel itself or :class:`_Launch`.
+9's; the forward may be the wgmma kernel instead (``plans``).  ``launch(kernel)`` is
+``wrap_triton`` inside the ops, so that torch.compile sees the kernel, and in eager mode the
+kernel itself or :class:`_Launch`.  The wgmma kernel is CUDA, not Triton: eager calls run it
+through ctypes, and the ops through an op of its own (library.py), opaque to the compiler.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 from kernels import runtime, tuning
 
@@ -15,8 +19,8 @@ import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 
 from . import plans
-from .native import Pointer
-from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9, tma_backward, tma_forward, tma_strides
+from .native import HostCall, Pointer
+from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9, tma_backward, tma_forward, tma_strides, wgmma
 
 # =============================================================================================
 # The outputs, allocated the same way by the ops and by their fake implementations, so that
@@ -109,39 +113,74 @@ def _launcher(key: tuple, record: list | None = None):
 # The forward and the backward.
 # =============================================================================================
 
-_chosen: dict[tuple, tuple[dict, bool]] = {}
+_chosen: dict[tuple, tuple[dict, bool, tuple | None]] = {}
 
 
 def _choose(q, k, v, other, sinks, causal: bool, window: int, sink_tokens: int, bnhd: bool,
-            key: tuple | None) -> tuple[dict, bool]:
-    """``(plan, tma)``: the call's launch plan, and whether its TMA kernels can read q, k, v and
+            key: tuple | None) -> tuple[dict, bool, tuple | None]:
+    """``(plan, tma, wgmma)``: the call's launch plan, whether its TMA kernels can read q, k, v and
     ``other`` (the backward's dO; the forward's q again, whose o is allocated like it) where they
-    lie; if not, stage 9's plan.  An eager call passes its call key, which holds everything this
-    depends on but ``plans.KERNELS`` (shapes, strides, alignment, options), and the answer is
-    kept under both."""
+    lie, and the wgmma forward's tile when the plan takes it and it can read them (else None); a
+    call whose strides no descriptor can read gets stage 9's plan.  An eager call passes its call
+    key, which holds everything this depends on but ``plans.KERNELS`` (shapes, strides,
+    alignment, options), and the answer is kept under both."""
     key = (key, plans.KERNELS) if key is not None else None
     chosen = _chosen.get(key) if key is not None else None
     if chosen is None:
         plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
-        tma = plan["tma"] and tma_strides(q, k, v, other)
-        if plan["tma"] and not tma:
+        readable = (plan["tma"] or plan["wgmma"] is not None) and tma_strides(q, k, v, other)
+        if (plan["tma"] or plan["wgmma"] is not None) and not readable:
             plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)
-        chosen = (plan, tma)
+        chosen = (plan, plan["tma"] and readable, plan["wgmma"] if readable else None)
         if key is not None:
             _chosen[key] = chosen
     return chosen
 
 
+def _wgmma_forward(q, k, v, o, lse, sinks, causal: bool, window: int, sink_tokens: int, scale: float,
+                   tile: tuple, bnhd: bool = False, record: list | None = None) -> None:
+    """Stage 4's wgmma kernel (solutions/fast_variable_block_wgmma.cu) writing o and lse, every
+    tensor read where it lies through its strides; ``record`` (native.py) receives the call as a
+    :class:`native.HostCall`."""
+    (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
+    (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
+    strides = (*q_strides[:3], *k_strides[:3], *_bhnd(v, bnhd)[1][:3], *_bhnd(o, bnhd)[1][:3])
+    lib = wgmma.library(d, *tile)
+    # A window or sink tokens beyond Nk keys mean the same as Nk of them, and stay in a C int;
+    # without a window every key is seen and sink tokens mean nothing.
+    window, sink_tokens = min(window, nk), (min(sink_tokens, nk) if window > 0 else 0)
+    args = (Pointer(q.data_ptr()), Pointer(k.data_ptr()), Pointer(v.data_ptr()), Pointer(o.data_ptr()),
+            Pointer(lse.data_ptr()), strides, b, hq, hkv, nq, nk, d, float(scale),
+            0 if q.dtype == torch.float16 else 1, int(causal), window, sink_tokens,
+            None if sinks is None else Pointer(sinks.data_ptr()))
+    if nq and b * hq:
+        err = lib.stage4w_forward(*args[:5], (ctypes.c_int64 * 12)(*strides), *args[6:],
+                                  torch._C._cuda_getCurrentRawStream(q.device.index))
+        if err:
+            raise RuntimeError(f"the wgmma forward failed: {lib.stage4w_error_string(err).decode()}")
+    if record is not None:
+        record.append(HostCall(lib, args))
+
+
 def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale: float, launch=_direct,
-             bnhd: bool = False, key: tuple | None = None):
+             bnhd: bool = False, key: tuple | None = None, wgmma_op=None, use_wgmma: bool = True):
     """``(o, lse)``: o like q (same strides, so a (B, N, H, D) q gives a (B, N, H, D) o), lse
     (B, Hq, Nq) float32.  ``launch(kernel)`` is ``wrap_triton`` inside the op, so that
     torch.compile sees the kernel, and the kernel itself in eager mode.  Tensors are (B, H, N, D),
-    or (B, N, H, D) with ``bnhd``.  The TMA forward where the plan and the strides allow it,
-    else stage 9's; ``key``, an eager call's, keeps that choice (``_choose``)."""
+    or (B, N, H, D) with ``bnhd``.  The wgmma forward where the plan and the strides allow it
+    (inside the op, through ``wgmma_op``, the op that runs it), else the TMA forward where they
+    allow it, else stage 9's; ``key``, an eager call's, keeps that choice (``_choose``);
+    ``use_wgmma=False`` leaves the wgmma forward out."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
-    plan, tma = _choose(q, k, v, q, sinks, causal, window, sink_tokens, bnhd, key)
+    plan, tma, wgmma_tile = _choose(q, k, v, q, sinks, causal, window, sink_tokens, bnhd, key)
+    if wgmma_tile is not None and use_wgmma:
+        if wgmma_op is not None:
+            return wgmma_op(q, k, v, sinks, causal, window, sink_tokens, scale)
+        o, lse = _forward_outputs(q, bnhd)
+        _wgmma_forward(q, k, v, o, lse, sinks, causal, window, sink_tokens, scale, wgmma_tile, bnhd,
+                       getattr(launch, "record", None))
+        return o, lse
     tile = plan["forward"]
     o, lse = _forward_outputs(q, bnhd)
     if tma:
@@ -175,7 +214,7 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
-    plan, tma = _choose(q, k, v, do, sinks, causal, window, sink_tokens, bnhd, key)
+    plan, tma, _ = _choose(q, k, v, do, sinks, causal, window, sink_tokens, bnhd, key)
     pad = _pow2(d)
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=pad, COUNT_VISITS=False)
 

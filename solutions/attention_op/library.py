@@ -1,7 +1,8 @@
-"""The two ``torch.library.triton_op`` ops, ``workbook::attention_forward`` and ``workbook::attention_backward``.
+"""The two ``torch.library.triton_op`` ops, ``workbook::attention_forward`` and ``workbook::attention_backward``,
+and the custom op ``workbook::wgmma_forward`` that the forward calls where its plan takes the wgmma kernel.
 
-Each launches the bare kernels through ``wrap_triton``, so ``torch.compile`` sees the kernels
-themselves (no graph break).  Each has a fake implementation that allocates the outputs exactly
+Each triton_op launches the bare kernels through ``wrap_triton``, so ``torch.compile`` sees the
+kernels themselves (no graph break).  Each has a fake implementation that allocates the outputs exactly
 as the op does and launches nothing, so shapes, dtypes and strides are known without a GPU.
 ``register_autograd`` ties the two together; the backward has no backward of its own.
 
@@ -15,14 +16,37 @@ from typing import Optional
 import torch
 from torch.library import triton_op, wrap_triton
 
-from .launch import _backward, _backward_outputs, _forward, _forward_outputs
+from .launch import _backward, _backward_outputs, _choose, _forward, _forward_outputs, _wgmma_forward
+
+
+@torch.library.custom_op("workbook::wgmma_forward", mutates_args=())
+def wgmma_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor],
+                  causal: bool, window: int, sink_tokens: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` of (B, H, N, D) views through stage 4's wgmma kernel, where the launch plan
+    chose it.  A CUDA kernel behind ctypes is nothing the compiler can trace into, so it is an op
+    of its own, which ``attention_forward`` calls and compiled graphs keep as one opaque call.
+    Tensors whose strides or start no descriptor can read (a compiled graph may hand over others
+    than it traced with) get the Triton forward, launched directly: the same results to within
+    rounding, never a copy."""
+    _, _, tile = _choose(q, k, v, q, sinks, causal, window, sink_tokens, False, None)
+    if tile is None:
+        return _forward(q, k, v, sinks, causal, window, sink_tokens, scale, use_wgmma=False)
+    o, lse = _forward_outputs(q)
+    _wgmma_forward(q, k, v, o, lse, sinks, causal, window, sink_tokens, scale, tile)
+    return o, lse
+
+
+@wgmma_forward.register_fake
+def _wgmma_forward_fake(q, k, v, sinks, causal, window, sink_tokens, scale):
+    return _forward_outputs(q)
 
 
 @triton_op("workbook::attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor],
                       causal: bool, window: int, sink_tokens: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` of (B, H, N, D) views with any strides; window 0 means no window."""
-    return _forward(q, k, v, sinks, causal, window, sink_tokens, scale, launch=wrap_triton)
+    return _forward(q, k, v, sinks, causal, window, sink_tokens, scale, launch=wrap_triton,
+                    wgmma_op=torch.ops.workbook.wgmma_forward)
 
 
 @triton_op("workbook::attention_backward", mutates_args=())

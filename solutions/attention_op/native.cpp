@@ -13,6 +13,9 @@
 //            allocate (sizes, strides, dtype of what the Python path allocated), and each
 //            kernel launch as Triton made it: the compiled function, grid, threads, shared memory,
 //            global scratch, and every non-constexpr argument as a buffer index or a constant.
+//            A forward of stage 4's wgmma kernel is a call of its host function instead
+//            (stage4w_forward, which makes the kernel's tensor maps from the buffers' addresses
+//            and launches it), with the same kind of arguments.
 //   autograd one C++ node (torch::autograd::Function) whose backward replays the backward plan.
 //            A dO (or, through a saved-tensor hook, a saved q, k, v, o or lse) whose strides,
 //            dtype or alignment differ from the ones recorded is copied into the recorded layout
@@ -66,7 +69,15 @@ const Driver& driver() {
 }
 
 // One kernel argument: a buffer (its data pointer) or a constant of the kernel parameter's type.
-enum Kind : int64_t { kBuffer = 0, kInt32 = 1, kInt64 = 2, kFloat32 = 3, kInt8 = 4 };
+enum Kind : int64_t { kBuffer = 0, kInt32 = 1, kInt64 = 2, kFloat32 = 3, kInt8 = 4, kNull = 5 };
+
+// The wgmma kernel's host function and its error text (solutions/fast_variable_block_wgmma.cu):
+// q, k, v, o, lse, 12 strides, batch, heads, kv_heads, n_q, n_k, head_dim, scale, dtype, causal,
+// window, sink_tokens, sinks, stream.
+using HostForward = int (*)(const void*, const void*, const void*, void*, float*, const int64_t*, int, int, int, int,
+                            int, int, float, int, int, int, int, const float*, void*);
+using HostError = const char* (*)(int);
+constexpr size_t kHostArgs = 5 + 12 + 6 + 1 + 4 + 1;
 
 struct Arg {
     int64_t kind;
@@ -74,7 +85,8 @@ struct Arg {
 };
 
 struct Launch {
-    CUfunction function;
+    CUfunction function;     // or, with host_error, the host function (HostForward) to call
+    HostError host_error = nullptr;
     unsigned grid[3];
     unsigned threads;
     unsigned shared;
@@ -202,6 +214,27 @@ bool wants_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
            (q.requires_grad() || k.requires_grad() || v.requires_grad() || (sinks.has_value() && sinks->requires_grad()));
 }
 
+// A recorded call of the wgmma kernel's host function, the buffers' addresses in the recorded ones' places.
+void run_host(const Launch& l, const std::vector<at::Tensor>& buffers, CUstream stream) {
+    auto pointer = [&](const Arg& a) -> void* {
+        return a.kind == kNull ? nullptr : buffers[a.value].data_ptr();
+    };
+    const std::vector<Arg>& a = l.args;
+    int64_t strides[12];
+    for (int i = 0; i < 12; ++i) strides[i] = a[5 + i].value;
+    int ints[6];
+    for (int i = 0; i < 6; ++i) ints[i] = static_cast<int>(a[17 + i].value);
+    float scale;
+    uint32_t bits = static_cast<uint32_t>(a[23].value);
+    std::memcpy(&scale, &bits, 4);
+    auto forward = reinterpret_cast<HostForward>(l.function);
+    int err = forward(pointer(a[0]), pointer(a[1]), pointer(a[2]), pointer(a[3]), static_cast<float*>(pointer(a[4])),
+                      strides, ints[0], ints[1], ints[2], ints[3], ints[4], ints[5], scale,
+                      static_cast<int>(a[24].value), static_cast<int>(a[25].value), static_cast<int>(a[26].value),
+                      static_cast<int>(a[27].value), static_cast<const float*>(pointer(a[28])), stream);
+    TORCH_CHECK(err == 0, "attention_op native path: the wgmma forward failed: ", l.host_error(err));
+}
+
 // Allocate the part's buffers after the inputs, and launch its kernels on the current stream.
 void run_part(const Part& part, std::vector<at::Tensor>& buffers, const c10::Device& device) {
     TORCH_CHECK(static_cast<int64_t>(buffers.size()) == part.inputs, "attention_op native path: wrong input count");
@@ -220,6 +253,10 @@ void run_part(const Part& part, std::vector<at::Tensor>& buffers, const c10::Dev
     std::vector<void*> params;
     for (const Launch& l : part.launches) {
         if (static_cast<uint64_t>(l.grid[0]) * l.grid[1] * l.grid[2] == 0) continue;   // as Triton's launcher
+        if (l.host_error != nullptr) {
+            run_host(l, buffers, stream);
+            continue;
+        }
         size_t n = l.args.size();
         slots.assign(n + 2, 0);   // + Triton's global and profile scratch pointers
         params.resize(n + 2);
@@ -296,9 +333,10 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     }
 };
 
-// (function, grid, threads, shared, scratch, [(kind, value), ...])
+// (function, grid, threads, shared, scratch, [(kind, value), ...], host_error): host_error 0 for a
+// kernel launch, else the address of the host function's error text, and function the host function.
 using LaunchDesc = std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, int64_t,
-                              std::vector<std::pair<int64_t, int64_t>>>;
+                              std::vector<std::pair<int64_t, int64_t>>, int64_t>;
 // (inputs, example allocations, launches, outputs)
 using PartDesc = std::tuple<int64_t, std::vector<at::Tensor>, std::vector<LaunchDesc>, std::vector<int64_t>>;
 
@@ -319,9 +357,21 @@ Part make_part(const PartDesc& desc) {
         launch.shared = static_cast<unsigned>(std::get<3>(l));
         launch.scratch = std::get<4>(l);
         for (const auto& [kind, value] : std::get<5>(l)) {
-            TORCH_CHECK(kind >= kBuffer && kind <= kInt8, "record: unknown argument kind ", kind);
+            TORCH_CHECK(kind >= kBuffer && kind <= kNull, "record: unknown argument kind ", kind);
             TORCH_CHECK(kind != kBuffer || (value >= 0 && value < buffers), "record: buffer ", value, " out of range");
             launch.args.push_back({kind, value});
+        }
+        launch.host_error = reinterpret_cast<HostError>(static_cast<uintptr_t>(std::get<6>(l)));
+        if (launch.host_error != nullptr) {
+            const auto& a = launch.args;
+            bool ok = a.size() == kHostArgs;
+            for (size_t i = 0; ok && i < a.size(); ++i) {
+                int64_t want = i < 5 ? kBuffer : i < 17 ? kInt64 : i == 23 ? kFloat32 : i < 28 ? kInt32 : -1;
+                ok = want == -1 ? (a[i].kind == kBuffer || a[i].kind == kNull) : a[i].kind == want;
+            }
+            TORCH_CHECK(ok, "record: a host call takes q, k, v, o, lse, 12 strides, 6 ints, a scale, 4 ints, sinks");
+        } else {
+            for (const Arg& a : launch.args) TORCH_CHECK(a.kind != kNull, "record: a kernel argument cannot be null");
         }
         part.scratch += (launch.scratch + 255) / 256 * 256;
         part.launches.push_back(std::move(launch));
@@ -431,4 +481,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.attr("INT64") = static_cast<int64_t>(kInt64);
     m.attr("FLOAT32") = static_cast<int64_t>(kFloat32);
     m.attr("INT8") = static_cast<int64_t>(kInt8);
+    m.attr("NULL") = static_cast<int64_t>(kNull);
 }

@@ -135,7 +135,7 @@ def clear() -> None:
 # Describing what the Python path launched, in native.cpp's terms.
 # =============================================================================================
 
-BUFFER, INT32, INT64, FLOAT32, INT8 = range(5)      # native.cpp's Kind
+BUFFER, INT32, INT64, FLOAT32, INT8, NULL = range(6)    # native.cpp's Kind
 _alive: dict[int, object] = {}                      # every compiled kernel a plan launches
 _INTS = {"i32": INT32, "u32": INT32, "i64": INT64, "u64": INT64, "i1": INT8, "u1": INT8, "i8": INT8, "u8": INT8}
 
@@ -146,6 +146,48 @@ def _float_bits(x: float) -> int:
 
 class Pointer(int):
     """A tensor argument of a recorded launch, as the address Triton passes (launch.py keeps no tensor)."""
+
+
+class HostCall:
+    """A recorded call of the wgmma kernel's host function, ``stage4w_forward`` of ``lib``, with its
+    arguments as launch.py passed them (tensors as ``Pointer``, the strides as a tuple, sinks as a
+    Pointer or None).  native.cpp calls the same function with the same arguments, the buffers'
+    addresses of the call that repeats it in their place: its tensor maps hold addresses, so they
+    are made on every call, by that function."""
+    __slots__ = ("lib", "args")
+
+    def __init__(self, lib, args: tuple):
+        self.lib, self.args = lib, args
+
+
+def _host_call(call: HostCall, buffers: list) -> tuple | None:
+    """native.cpp's description of a :class:`HostCall`: the function and its error-string function
+    as addresses, and the arguments in the order native.cpp's ``HostForward`` takes them."""
+    import ctypes
+    q, k, v, o, lse, strides, *ints, sinks = call.args
+    described = []
+    for value in (q, k, v, o, lse):
+        index = _buffer_index(value, buffers)
+        if index is None:
+            return None
+        described.append((BUFFER, index))
+    described += [(INT64, int(s)) for s in strides]
+    b, hq, hkv, nq, nk, d, scale, dtype, causal, window, sink_tokens = ints
+    described += [(INT32, int(x)) for x in (b, hq, hkv, nq, nk, d)]
+    described.append((FLOAT32, _float_bits(scale)))
+    described += [(INT32, int(x)) for x in (dtype, causal, window, sink_tokens)]
+    if sinks is None:
+        described.append((NULL, 0))
+    else:
+        index = _buffer_index(sinks, buffers)
+        if index is None:
+            return None
+        described.append((BUFFER, index))
+    _alive[id(call.lib)] = call.lib                     # the library stays loaded while C++ holds its functions
+    address = ctypes.cast(call.lib.stage4w_forward, ctypes.c_void_p).value
+    error = ctypes.cast(call.lib.stage4w_error_string, ctypes.c_void_p).value
+    grid = [nq and b * hq and 1, 1, 1]                  # 0: nothing to launch (Nq = 0), as the Python path
+    return (address, grid, 0, 0, 0, described, error)
 
 
 def _buffer_index(value, buffers: list) -> int | None:
@@ -162,15 +204,23 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
     """``(inputs, allocations, launches, outputs)`` for native.cpp's ``record``, or None when a
     launch cannot be repeated from buffers and constants.
 
-    ``record`` holds ``(compiled kernel, grid, arguments)`` per launch, every parameter's value in
-    order (constexprs too); ``buffers`` the call's tensors (``inputs`` of them, None for an absent
-    one) and then what the body allocated; ``outputs`` the buffers returned.
+    ``record`` holds ``(compiled kernel, grid, arguments)`` per Triton launch, every parameter's
+    value in order (constexprs too), and a :class:`HostCall` per call of the wgmma kernel;
+    ``buffers`` the call's tensors (``inputs`` of them, None for an absent one) and then what the
+    body allocated; ``outputs`` the buffers returned.
     """
     present = [b for b in buffers if b is not None]
     if len({b.data_ptr() for b in present}) != len(present):
         return None                                         # two roles at one address: which is which?
     launches = []
-    for compiled, grid, args in record:
+    for entry in record:
+        if isinstance(entry, HostCall):
+            launch = _host_call(entry, buffers)
+            if launch is None:
+                return None
+            launches.append(launch)
+            continue
+        compiled, grid, args = entry
         meta = compiled.metadata
         if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_pdl", False)
                 or getattr(meta, "launch_cooperative_grid", False) or getattr(meta, "profile_scratch_size", 0)
@@ -199,5 +249,5 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
         _alive[id(compiled)] = compiled                     # its module stays loaded while C++ holds the function
         grid = tuple(grid) + (1,) * (3 - len(grid))
         scratch = getattr(meta, "global_scratch_size", 0) * grid[0] * grid[1] * grid[2]
-        launches.append((int(compiled.function), list(grid), 32 * meta.num_warps, meta.shared, scratch, described))
+        launches.append((int(compiled.function), list(grid), 32 * meta.num_warps, meta.shared, scratch, described, 0))
     return inputs, list(buffers[inputs:]), launches, outputs

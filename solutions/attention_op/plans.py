@@ -9,6 +9,14 @@ two, float16 or bfloat16, tensors whose last stride is 1 and whose start and oth
 on 16 bytes (``tma_strides``).  The plan says which set a
 shape may use; the strides are checked per call.
 
+The forward has a third candidate on those GPUs: stage 4's CUDA kernel with wgmma
+(solutions/fast_variable_block_wgmma.cu), which takes every head dim that is a multiple of 8 and
+every mask of stages 5-8, under the same stride rule.  Where a plan is tuned (long sequences on
+an sm_90 GPU with nvcc), it is built for the shape's head dim and tile (once; kept on disk like
+every CUDA kernel of the workbook), both forwards are timed on the GPU, and the plan keeps the
+faster (``"wgmma"``: its tile, or None; ``"forward_ms"``: what each took).  A build that fails
+leaves the Triton forward.  The backward is the same set's either way: it needs only o and lse.
+
 The tile (BLOCK_M, BLOCK_N, warps, stages) of each kernel is chosen once per (shape, dtype,
 options, set): the table's first entry for short sequences, else the set's autotuners run once
 on random inputs of that shape, with every tracing mode switched off.  The plan is cached, so the
@@ -27,10 +35,13 @@ from torch.utils._python_dispatch import _disable_current_modes
 s9 = load_file(ROOT / "solutions" / "stage9_backward.py")     # the kernels, their tables and autotuners
 tma_forward = load_file(ROOT / "solutions" / "fast_forward_tma.py")
 tma_backward = load_file(ROOT / "solutions" / "fast_backward_tma.py")
+wgmma = load_file(ROOT / "solutions" / "fast_variable_block_wgmma.py")
 
 #: Which kernels a call may use: "auto" (the TMA kernels where the GPU, the head dim, the dtype and
-#: the strides allow, else stage 9's), "stage9" (stage 9's always), or "tma" (the TMA kernels
-#: wherever the head dim and strides allow, Triton's CPU interpreter included: for tests).
+#: the strides allow, else stage 9's; the wgmma forward where it was timed faster), "stage9"
+#: (stage 9's always), "tma" (the TMA kernels wherever the head dim and strides allow, Triton's
+#: CPU interpreter included, and never the wgmma forward: for tests), or "wgmma" ("auto" with the
+#: wgmma forward wherever it can run, untimed: for tests).
 KERNELS = "auto"
 
 _plans: dict[tuple, dict] = {}
@@ -55,19 +66,26 @@ def _tile(config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
+def _random_inputs(key: tuple) -> tuple:
+    """``(q, k, v, options)``: random inputs of a plan's key, with the options its kernels take
+    (call with every dispatch mode off)."""
+    (b, hq, hkv, nq, nk, d), dtype, device, causal, window, sink_tokens, has_sinks = key
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(b, hq, nq, d, device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(b, hkv, nk, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
+    sinks = torch.zeros(hq, device=device) if has_sinks else None
+    return q, k, v, dict(causal=causal, window=window or None, sink_tokens=sink_tokens, sinks=sinks)
+
+
 def _tuned(key: tuple, tma: bool) -> dict:
     """Run the autotuned forward and backward (stage 9's, or the TMA kernels') once on random
     inputs of this shape and read off the tiles their autotuners chose.  Every dispatch mode
     (fake tensors, the tracer) is switched off, so this runs real kernels even when called while
     ``torch.compile`` traces."""
-    (b, hq, hkv, nq, nk, d), dtype, device, causal, window, sink_tokens, has_sinks = key
+    device = key[2]
     forward, backward = (tma_forward, tma_backward) if tma else (s9, s9)
     with _disable_current_modes(), torch.no_grad():
-        gen = torch.Generator(device=device).manual_seed(0)
-        q = torch.randn(b, hq, nq, d, device=device, dtype=dtype, generator=gen)
-        k, v = (torch.randn(b, hkv, nk, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
-        sinks = torch.zeros(hq, device=device) if has_sinks else None
-        opts = dict(causal=causal, window=window or None, sink_tokens=sink_tokens, sinks=sinks)
+        q, k, v, opts = _random_inputs(key)
         o, lse = forward.flash_attention(q, k, v, **opts)
         backward.flash_attention_backward(q, k, v, o, lse, torch.randn_like(o), **opts)
         torch.cuda.synchronize(device)
@@ -77,6 +95,48 @@ def _tuned(key: tuple, tma: bool) -> dict:
                 "dq": _tile(tma_backward._tma_dq_kernel.best_config)}
     return {"tma": False, "forward": _tile(s9.flash_forward_kernel.best_config),
             "dkdv": _tile(s9.bwd_dkdv_kernel.best_config), "dq": _tile(s9.bwd_dq_kernel.best_config)}
+
+
+def _wgmma_shape(b: int, hq: int, d: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the wgmma forward may serve this shape, dtype and device (see ``KERNELS``)."""
+    return (KERNELS in ("auto", "wgmma") and runtime.ON_GPU and device.type == "cuda"
+            and dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and 16 <= d <= 256 and b * hq <= 65535
+            and torch.cuda.get_device_capability(device) == (9, 0))
+
+
+def _gpu_ms(fn, reps: int = 10) -> float:
+    """GPU milliseconds per call of ``fn``: the calls are queued behind a spin of the GPU long
+    enough for the host to queue them all, so the host's time per call (Python, Triton's launcher)
+    is not counted, only the kernels'."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(20_000_000)                   # ~10 ms of the GPU's clock
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _wgmma_plan(key: tuple, plan: dict, timed: bool) -> dict:
+    """``plan`` with ``"wgmma"`` (the wgmma forward's tile, or None) and, when ``timed``,
+    ``"forward_ms"``: each forward's GPU time on random inputs of this shape, the faster kept."""
+    (_, _, _, _, _, d), _, _, causal, window, _, _ = key
+    tile = wgmma.plan(d, causal, window > 0)
+    try:
+        wgmma.library(d, *tile)                     # built here, outside any call it would stall
+    except Exception as error:                      # noqa: BLE001 - no nvcc, a failed build: the Triton forward
+        return {**plan, "wgmma": None, "wgmma_error": f"{type(error).__name__}: {error}"}
+    if not timed:
+        return {**plan, "wgmma": tile}
+    forward = tma_forward if plan["tma"] else s9
+    with _disable_current_modes(), torch.no_grad():
+        q, k, v, opts = _random_inputs(key)
+        ms = {"wgmma": _gpu_ms(lambda: wgmma.flash_attention(q, k, v, **opts)),
+              "tma" if plan["tma"] else "stage9": _gpu_ms(lambda: forward.flash_attention(q, k, v, **opts))}
+    faster = min(ms, key=ms.get)
+    return {**plan, "wgmma": tile if faster == "wgmma" else None, "forward_ms": ms}
 
 
 def _tma_shape(d: int, dtype: torch.dtype, device: torch.device) -> bool:
@@ -92,8 +152,9 @@ def _tma_shape(d: int, dtype: torch.dtype, device: torch.device) -> bool:
 def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torch.dtype, device: torch.device,
                 causal: bool, window: int, sink_tokens: int, has_sinks: bool, tma: bool = True) -> dict:
     """Which kernels serve this shape (``"tma"``: True for the TMA kernels, when the strides
-    allow) and the tiles of their forward, dK/dV and dQ kernels, cached.  ``tma=False`` asks for
-    stage 9's plan, for a call whose strides the TMA kernels cannot read.
+    allow) and the tiles of their forward, dK/dV and dQ kernels, cached; ``"wgmma"``: the wgmma
+    forward's tile when it serves the forward instead (again when the strides allow), else None.
+    ``tma=False`` asks for stage 9's plan, for a call whose strides no descriptor can read.
 
     Short sequences take each table's first entry (the interpreter's tile on the CPU), as
     stage 9 does; from ``tuning.TUNE_FROM`` (query, key) pairs on a GPU, what the autotuners
@@ -117,6 +178,9 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
                     "forward": _tile(tuning.first_entry(tuning.FORWARD_TILES, pad, tuning.FORWARD_INTERPRETER_TILE)),
                     "dkdv": _tile(tuning.first_entry(s9.DKDV_TILES, pad, s9.DKDV_INTERPRETER_TILE)),
                     "dq": _tile(tuning.first_entry(s9.DQ_TILES, pad, s9.DQ_INTERPRETER_TILE))}
+        plan["wgmma"] = None
+        if tma and _wgmma_shape(b, hq, d, dtype, device) and (KERNELS == "wgmma" or nq * nk >= tuning.TUNE_FROM):
+            plan = _wgmma_plan(key, plan, timed=KERNELS != "wgmma")
         _plans[(key, KERNELS, tma)] = plan
     return plan
 
