@@ -353,17 +353,25 @@ def test_readme_speed_ratios_are_the_committed_bench_s():
             "its backward") in readme
 
 
-def test_readme_op_ratios_are_the_committed_probe_s():
-    """README's line on the op is the range docs/hopper-probe-op-kernels-h200.json holds for provider
-    ``op`` against ``cudnn`` and ``flex`` timed in the same run, forward and backward."""
+def _op_kernels_run(run: str | None = None) -> dict:
+    """docs/hopper-probe-op-kernels-h200.json's rows of one run (the newest by default) as
+    ``{case: {provider: row}}``."""
     rows = json.loads((ROOT / "docs" / "hopper-probe-op-kernels-h200.json").read_text())["rows"]
-    by_run: dict = {}
+    run = run or rows[-1]["run"]
+    by_case: dict = {}
     for r in rows:
-        by_run.setdefault((r["run"], r["case"]), {})[r["provider"]] = r
+        if r["run"] == run:
+            by_case.setdefault(r["case"], {})[r["provider"]] = r
+    return by_case
+
+
+def test_readme_op_ratios_are_the_committed_probe_s():
+    """README's line on the op is the range the newest run of docs/hopper-probe-op-kernels-h200.json
+    holds for provider ``op`` against ``cudnn`` and ``flex`` timed in that run, forward and backward."""
     readme = " ".join((ROOT / "README.md").read_text().split())
     for other, words in (("cudnn", "cuDNN"), ("flex", "FlexAttention")):
         ratios: dict = {"fwd": [], "bwd": []}
-        for of in by_run.values():
+        for of in _op_kernels_run().values():
             if other in of and "op" in of and of[other]["fwd_ms"]:
                 for kind in ratios:
                     ratios[kind].append(of[other][f"{kind}_ms"] / of["op"][f"{kind}_ms"])
@@ -585,3 +593,38 @@ def test_the_host_table_in_the_notes_is_the_committed_run_s():
     python_vs_sdpa = [run[python]["host_us"] / run[sdpa]["host_us"]
                       for run in doc["runs"] for _, _, python, sdpa in host.CALLS]
     assert "Python path still cost two to three times SDPA's" in notes and all(2 <= r <= 3 for r in python_vs_sdpa)
+
+
+def test_section_11_tables_are_the_committed_probes():
+    """docs/hopper-notes.md's section 11: which forward the op's plans picked is what
+    grader/bench/probes/op_forward_plans.py's summary makes of its committed JSON, and the op beside
+    cuDNN and FlexAttention is the newest run of docs/hopper-probe-op-kernels-h200.json; each names
+    its GPU and versions."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = notes[notes.index("## 11."):notes.index("## From stage 9")]
+    plans = json.loads((ROOT / "docs" / "hopper-probe-op-forward-plans-h200.json").read_text())
+    lines = _probe("op_forward_plans").summary(plans["rows"])
+    assert len(lines) == len(plans["rows"]) >= 10 and all(line in section for line in lines), "\n".join(lines)
+    assert _names_its_run(section, plans)
+    for r in plans["rows"]:                      # the plan kept the faster of the two it timed
+        assert (r["wgmma"] is not None) == (r["forward_ms"]["wgmma"] == min(r["forward_ms"].values())), r
+    kernels = json.loads((ROOT / "docs" / "hopper-probe-op-kernels-h200.json").read_text())
+    assert _names_its_run(section, kernels)
+    for case, of in _op_kernels_run().items():
+        timed = "cudnn" in of and of["cudnn"]["fwd_ms"]
+        cudnn = f"{of['cudnn']['fwd_tflops']:.0f} / {of['cudnn']['bwd_tflops']:.0f}" if timed else "–"
+        vs_cudnn = (f"{of['cudnn']['fwd_ms'] / of['op']['fwd_ms']:.2f}x / "
+                    f"{of['cudnn']['bwd_ms'] / of['op']['bwd_ms']:.2f}x") if timed else "–"
+        row = (f"| {case} | {cudnn} | {of['flex']['fwd_tflops']:.0f} / {of['flex']['bwd_tflops']:.0f} | "
+               f"{of['op']['fwd_tflops']:.0f} / {of['op']['bwd_tflops']:.0f} | "
+               f"{of['flex']['fwd_ms'] / of['op']['fwd_ms']:.2f}x / {of['flex']['bwd_ms'] / of['op']['bwd_ms']:.2f}x"
+               f" | {vs_cudnn} |")
+        assert row in section, row
+    rows = json.loads((ROOT / "docs" / "bench-stage9-h200.json").read_text())["rows"]
+    get = {(r["case"], r["provider"]): r["tflops"] for r in rows}
+    dense = [c for c, p in get if p == "op" and c.endswith("fwd") and " W" not in c]
+    ratios = [get[c, "op"] / get[c, "solution-tma"] for c in dense]
+    cudnn = [get[c, "op"] / get[c, "sdpa-cudnn"] for c in dense]
+    flat = " ".join(section.split())
+    assert (f"{min(ratios):.2f}-{max(ratios):.2f}x the TMA forward and {min(cudnn):.2f}-{max(cudnn):.2f}x cuDNN "
+            f"on its {len(dense)} forwards without a window") in flat

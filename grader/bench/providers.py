@@ -137,7 +137,8 @@ class WgmmaVariant(InstructorVariant):
 
 class Op(Provider):
     """``solutions/attention_op``'s ``attention``: the op a model calls, with the kernels it picks
-    (the TMA kernels on a GPU that has TMA, else stage 9's), its launch plans and its autograd."""
+    (on Hopper the TMA kernels, and stage 4's wgmma forward where its plan timed it faster; else stage
+    9's), its launch plans and its autograd."""
     name = "op"
 
     def __init__(self, source: str):

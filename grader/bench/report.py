@@ -29,8 +29,9 @@ Providers: `solution` is the stage's reference solution (what a learner writes);
 `solution-tma` and `solution-wgmma` are the instructors' Hopper variants in `solutions/fast_*`;
 `sdpa-flash` and `sdpa-cudnn` are PyTorch SDPA's FlashAttention-2 and cuDNN backends; `flex` is
 FlexAttention with the same mask; `stage3-triton` is stage 3's padded kernel, for comparison with
-stage 4; `op` is `solutions/attention_op`'s `attention` (the TMA kernels on Hopper, with its
-autograd), where a run timed it.
+stage 4; `op` is `solutions/attention_op`'s `attention`, with the kernels its launch plans picked
+on that GPU and its autograd, where a run timed it (docs/hopper-notes.md, sections 4 and 11, says
+which kernels those were in each run).
 """
 
 

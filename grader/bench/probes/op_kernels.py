@@ -11,7 +11,8 @@ Providers:
                     copies of the stage files they load), for an A/B of a change; ``--old-name``
                     names the rows (docs/hopper-notes.md says which versions its rows timed)
     op              attention_op.attention as a model calls it, (B, H, N, D) inputs: the kernels
-                    its plan picks (the TMA kernels here), its launch plan and its autograd
+                    its plan picks (the TMA kernels, and stage 4's wgmma forward where the plan
+                    timed it faster), its launch plan and its autograd
     op-bnhd         the same with (B, N, H, D) tensors (``layout="bnhd"``), read where they lie
     op-stage9       the op with stage 9's kernels (``plans.KERNELS = "stage9"``)
     cudnn, fa2      SDPA's cuDNN and FlashAttention-2 backends (no window, no sinks: for the
@@ -142,7 +143,8 @@ def main() -> int:
                 b_ms = bench(lambda: torch.autograd.grad(o, inputs, dd, retain_graph=True))
                 plan = op.launch_plan(case["b"], case["hq"], case["hkv"], case["n"], case["n"], case["d"],
                                       torch.bfloat16, q.device, case["causal"], case["window"] or 0, 0, case["sinks"])
-                record(case, name, f_ms, b_ms, "TMA kernels" if plan["tma"] else "stage 9's kernels")
+                kernels = "TMA kernels" if plan["tma"] else "stage 9's kernels"
+                record(case, name, f_ms, b_ms, f"wgmma forward, {kernels} backward" if plan.get("wgmma") else kernels)
             except Exception as e:
                 record(case, name, None, None, f"failed: {type(e).__name__}: {str(e)[:300]}")
             finally:
