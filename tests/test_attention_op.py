@@ -598,3 +598,30 @@ def test_the_tma_kernels_are_planned_for_hopper_only(op, monkeypatch, capability
     assert not op.plans._tma_shape(64, torch.float32, cuda) and not op.plans._tma_shape(80, torch.bfloat16, cuda)
     monkeypatch.setattr(op.plans, "KERNELS", "stage9")
     assert not op.plans._tma_shape(64, torch.bfloat16, cuda)
+
+
+@pytest.mark.parametrize("capability, dtype, d, kernels, allowed", [
+    ((9, 0), torch.bfloat16, 64, "auto", True), ((9, 0), torch.float16, 72, "wgmma", True),
+    ((9, 0), torch.bfloat16, 68, "auto", False),          # not a multiple of 8
+    ((9, 0), torch.float32, 64, "auto", False), ((8, 0), torch.bfloat16, 64, "auto", False),
+    ((10, 0), torch.bfloat16, 64, "auto", False), ((9, 0), torch.bfloat16, 64, "tma", False),
+    ((9, 0), torch.bfloat16, 64, "stage9", False)])
+def test_where_the_wgmma_forward_may_serve(op, monkeypatch, capability, dtype, d, kernels, allowed):
+    """sm_90 only (wgmma exists on sm_90a), float16 or bfloat16, head dims that are multiples of 8,
+    and not when the kernel set is pinned to the TMA kernels or stage 9's."""
+    monkeypatch.setattr(op.plans.runtime, "ON_GPU", True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(op.plans, "KERNELS", kernels)
+    assert op.plans._wgmma_shape(4, 16, d, dtype, torch.device("cuda")) is allowed
+    assert not op.plans._wgmma_shape(4, 65536 // 4, d, dtype, torch.device("cuda"))    # the grid's limit
+
+
+def test_a_wgmma_build_that_fails_leaves_the_triton_forward(op, monkeypatch):
+    """No nvcc, or a compile error: the plan keeps its Triton forward, says why, and times nothing."""
+    def no_build(*args):
+        raise RuntimeError("nvcc not found")
+    monkeypatch.setattr(op.plans.wgmma, "library", no_build)
+    monkeypatch.setattr(op.plans, "_gpu_ms", lambda fn, reps=10: pytest.fail("timed without a kernel"))
+    key = ((4, 16, 16, 4096, 4096, 64), torch.bfloat16, torch.device("cuda"), True, 0, 0, False)
+    plan = op.plans._wgmma_plan(key, {"tma": True, "forward": {}}, timed=True)
+    assert plan["wgmma"] is None and plan["forward"] == {} and "nvcc not found" in plan["wgmma_error"]
