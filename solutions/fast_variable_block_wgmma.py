@@ -37,6 +37,8 @@ way Hopper wants it:
 ``python -m grader bench stage4`` (and stages 5-8) times it as ``solution-wgmma`` beside the
 stage's solution and SDPA's backends (docs/performance.md); docs/stage4-notes.md says how its
 design and tiles were chosen, docs/hopper-notes.md (section 10) how it was made to overlap.
+solutions/attention_op runs it as the op's forward where the op's plan times it faster than the
+Triton forward (section 11), through ``library`` and the ``stage4w_forward`` host function.
 """
 
 from __future__ import annotations
