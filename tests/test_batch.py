@@ -55,6 +55,14 @@ def _class(root):
     return subs
 
 
+def _sigint_as_usual():
+    """In the child before it starts: SIGINT back to its default, so Python turns it into
+    KeyboardInterrupt even when the tests run where SIGINT is ignored (a shell script's background
+    job inherits it ignored, and Python keeps an ignored SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _batch(subs, out, *extra, **popen):
     cmd = [sys.executable, "-m", "grader", "batch", str(subs), "--stages", "stage1", "--out", str(out),
            "--check-timeout", CHECK_TIMEOUT, "--stage-timeout", "60", "--seed", "1234", *extra]
@@ -74,7 +82,7 @@ def test_a_class_is_graded_whole_resumed_and_regraded(tmp_path):
     subs, out = _class(tmp_path), tmp_path / "out"
 
     # 1. Interrupted once the first grading is in: the gradebook holds exactly what finished.
-    proc = _batch(subs, out, "--jobs", "1")
+    proc = _batch(subs, out, "--jobs", "1", preexec_fn=_sigint_as_usual)
     deadline = time.monotonic() + 120
     while not list(out.glob("learners/*/stage1.json")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
