@@ -625,3 +625,21 @@ def test_a_wgmma_build_that_fails_leaves_the_triton_forward(op, monkeypatch):
     key = ((4, 16, 16, 4096, 4096, 64), torch.bfloat16, torch.device("cuda"), True, 0, 0, False)
     plan = op.plans._wgmma_plan(key, {"tma": True, "forward": {}}, timed=True)
     assert plan["wgmma"] is None and plan["forward"] == {} and "nvcc not found" in plan["wgmma_error"]
+
+
+@pytest.mark.parametrize("times, kept", [((0.5, 0.8), True), ((0.9, 0.8), False)])
+def test_the_plan_keeps_the_faster_forward_timed_on_the_inputs_gpu(op, monkeypatch, times, kept):
+    """_wgmma_plan times the wgmma forward, then the plan set's Triton forward, with q's GPU current
+    (its spin and events must be on the GPU that runs the kernels), and keeps the faster."""
+    import contextlib
+    entered, timed = [], iter(times)
+    monkeypatch.setattr(op.plans.wgmma, "library", lambda *args: None)
+    monkeypatch.setattr(op.plans, "_random_inputs", lambda key: (None, None, None, {}))
+    monkeypatch.setattr(op.plans, "_gpu_ms", lambda fn, reps=10: (entered[-1], next(timed))[1])
+    monkeypatch.setattr(torch.cuda, "device", lambda device: (entered.append(device), contextlib.nullcontext())[1])
+    second = torch.device("cuda", 1)
+    key = ((4, 16, 16, 4096, 4096, 64), torch.bfloat16, second, True, 0, 0, False)
+    plan = op.plans._wgmma_plan(key, {"tma": True, "forward": {}}, timed=True)
+    assert entered == [second]
+    assert plan["forward_ms"] == {"wgmma": times[0], "tma": times[1]}
+    assert (plan["wgmma"] == op.plans.wgmma.plan(64, True, False)) if kept else plan["wgmma"] is None

@@ -131,7 +131,7 @@ def _wgmma_plan(key: tuple, plan: dict, timed: bool) -> dict:
     if not timed:
         return {**plan, "wgmma": tile}
     forward = tma_forward if plan["tma"] else s9
-    with _disable_current_modes(), torch.no_grad():
+    with _disable_current_modes(), torch.no_grad(), torch.cuda.device(key[2]):   # its spin and events on q's GPU
         q, k, v, opts = _random_inputs(key)
         ms = {"wgmma": _gpu_ms(lambda: wgmma.flash_attention(q, k, v, **opts)),
               "tma" if plan["tma"] else "stage9": _gpu_ms(lambda: forward.flash_attention(q, k, v, **opts))}
