@@ -180,15 +180,28 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     lse = torch.empty(B, Hq, Nq, device=q.device, dtype=torch.float32)
     if Nq == 0 or B * Hq == 0:
         return o, lse
-    strides = (ctypes.c_int64 * 12)(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(D)
     sinks = sinks.to(torch.float32).contiguous() if sinks is not None else None
-    # A window or sink tokens beyond Nk keys mean the same as Nk of them, and stay in a C int.
-    window, sink_tokens = min(window or 0, Nk), min(sink_tokens, Nk)
-    err = lib.stage4w_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), strides,
-                              B, Hq, Hkv, Nq, Nk, D, scale, 0 if q.dtype == torch.float16 else 1, int(causal),
-                              window, sink_tokens, sinks.data_ptr() if sinks is not None else None,
-                              torch.cuda.current_stream(q.device).cuda_stream)
+    call(lib, forward_args(q, k, v, o, lse, strides, (B, Hq, Hkv, Nq, Nk, D), scale, causal, window, sink_tokens,
+                           sinks), torch.cuda.current_stream(q.device).cuda_stream)
+    return o, lse
+
+
+def forward_args(q, k, v, o, lse, strides, shape: tuple, scale: float, causal: bool, window: int | None,
+                 sink_tokens: int, sinks) -> tuple:
+    """``stage4w_forward``'s arguments but the stream, in ``ARGTYPES``' order: the tensors as their
+    addresses (sinks None when absent), ``strides`` the (batch, head, row) strides of q, k, v and
+    o, ``shape`` (batch, heads, kv_heads, n_q, n_k, head_dim).  A window or sink tokens beyond Nk
+    keys mean the same as Nk of them, and stay in a C int."""
+    n_k = shape[4]
+    return (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), tuple(strides), *shape,
+            float(scale), 0 if q.dtype == torch.float16 else 1, int(causal), min(window or 0, n_k),
+            min(sink_tokens, n_k), None if sinks is None else sinks.data_ptr())
+
+
+def call(lib: ctypes.CDLL, args: tuple, stream: int) -> None:
+    """``lib``'s ``stage4w_forward`` with ``forward_args``' arguments, on ``stream``."""
+    err = lib.stage4w_forward(*args[:5], (ctypes.c_int64 * 12)(*args[5]), *args[6:], stream)
     if err:
         raise RuntimeError(f"the wgmma kernel failed: {lib.stage4w_error_string(err).decode()}")
-    return o, lse

@@ -96,11 +96,10 @@ class _HostLib:
         self.stage4w_forward, self.stage4w_error_string = libc.strlen, libc.strerror
 
 
-def _host_args(n, q, k, v, o, lse, sinks):
-    strides = tuple(range(100, 112))
-    return (n.Pointer(q.data_ptr()), n.Pointer(k.data_ptr()), n.Pointer(v.data_ptr()), n.Pointer(o.data_ptr()),
-            n.Pointer(lse.data_ptr()), strides, 2, 8, 2, 40, 50, 72, 0.125, 1, 1, 16, 2,
-            None if sinks is None else n.Pointer(sinks.data_ptr()))
+def _host_args(op, q, k, v, o, lse, sinks):
+    """The arguments launch.py records, as the wgmma file's forward_args makes them (a bf16 q: dtype 1)."""
+    return op.plans.wgmma.forward_args(q, k, v, o, lse, range(100, 112), (2, 8, 2, 40, 50, 72), 0.125, True, 16, 2,
+                                       sinks)
 
 
 @pytest.mark.parametrize("with_sinks", [False, True])
@@ -111,8 +110,9 @@ def test_a_wgmma_call_is_described_as_native_cpp_calls_it(op, with_sinks):
     import ctypes
     n = op.native
     q, k, v, o, lse, sinks = (torch.zeros(16) for _ in range(6))
+    q = q.to(torch.bfloat16)
     lib = _HostLib()
-    call = n.HostCall(lib, _host_args(n, q, k, v, o, lse, sinks if with_sinks else None))
+    call = n.HostCall(lib, _host_args(op, q, k, v, o, lse, sinks if with_sinks else None))
     buffers = [q, k, v, sinks if with_sinks else None, o, lse]
     (function, grid, threads, shared, scratch, args, host_error), = n.describe_part([call], buffers, 4, [4, 5])[2]
     assert function == ctypes.cast(lib.stage4w_forward, ctypes.c_void_p).value
@@ -125,9 +125,10 @@ def test_a_wgmma_call_is_described_as_native_cpp_calls_it(op, with_sinks):
     assert args[24:28] == [(n.INT32, x) for x in (1, 1, 16, 2)]
     assert args[28] == ((n.BUFFER, 3) if with_sinks else (n.NULL, 0))
     assert len(args) == 29
-    empty = n.HostCall(lib, (*_host_args(n, q, k, v, o, lse, None)[:9], 0, *_host_args(n, q, k, v, o, lse, None)[10:]))
+    args = _host_args(op, q, k, v, o, lse, None)
+    empty = n.HostCall(lib, (*args[:9], 0, *args[10:]))
     assert n.describe_part([empty], buffers, 4, [4, 5])[2][0][1] == [0, 1, 1]        # Nq = 0: nothing to launch
-    stranger = n.HostCall(lib, _host_args(n, q, k, v, torch.zeros(16), lse, None))     # o none of the buffers
+    stranger = n.HostCall(lib, _host_args(op, q, k, v, torch.zeros(16), lse, None))     # o none of the buffers
     assert n.describe_part([stranger], buffers, 4, [4, 5]) is None
 
 

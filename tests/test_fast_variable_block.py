@@ -49,6 +49,34 @@ def test_every_planned_tile_fits_in_shared_memory(fast):
         fast.plan(264)
 
 
+def test_the_host_call_s_arguments(fast):
+    """forward_args and call, shared by flash_attention and solutions/attention_op: ARGTYPES' order,
+    a window or sink tokens past Nk clamped to Nk, the strides as 12 int64, an error named."""
+    q, k, v, o, lse = (torch.zeros(4, dtype=dtype) for dtype in (torch.float16,) * 4 + (torch.float32,))
+    sinks = torch.zeros(2)
+    args = fast.forward_args(q, k, v, o, lse, range(12), (1, 2, 1, 30, 40, 64), 0.5, True, 10**12, 10**11, sinks)
+    assert args == (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), tuple(range(12)),
+                    1, 2, 1, 30, 40, 64, 0.5, 0, 1, 40, 40, sinks.data_ptr())
+    assert fast.forward_args(q.bfloat16(), k, v, o, lse, range(12), (1, 2, 1, 30, 40, 64), 0.5, False, None, 3,
+                             None)[13:] == (1, 0, 0, 3, None)
+    assert len(args) + 1 == len(fast.ARGTYPES)                  # + the stream
+
+    class Lib:
+        def stage4w_forward(self, *given):
+            self.given = given
+            return self.answer
+
+        def stage4w_error_string(self, code):
+            return b"the head dim does not match" if code == -1 else b"?"
+    lib = Lib()
+    lib.answer = 0
+    fast.call(lib, args, 77)
+    assert list(lib.given[5]) == list(range(12)) and lib.given[:5] + lib.given[6:] == args[:5] + args[6:] + (77,)
+    lib.answer = -1
+    with pytest.raises(RuntimeError, match="the wgmma kernel failed: the head dim does not match"):
+        fast.call(lib, args, 77)
+
+
 @pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
 @pytest.mark.parametrize("d", [72, 160])
 def test_nvcc_builds_the_planned_kernel_and_its_shared_memory_matches_the_plan(fast, d, tmp_path):

@@ -11,8 +11,6 @@ through ctypes, and the ops through an op of its own (library.py), opaque to the
 
 from __future__ import annotations
 
-import ctypes
-
 from kernels import runtime, tuning
 
 import torch
@@ -146,18 +144,10 @@ def _wgmma_forward(q, k, v, o, lse, sinks, causal: bool, window: int, sink_token
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     strides = (*q_strides[:3], *k_strides[:3], *_bhnd(v, bnhd)[1][:3], *_bhnd(o, bnhd)[1][:3])
     lib = wgmma.library(d, *tile)
-    # A window or sink tokens beyond Nk keys mean the same as Nk of them, and stay in a C int;
-    # without a window every key is seen and sink tokens mean nothing.
-    window, sink_tokens = min(window, nk), (min(sink_tokens, nk) if window > 0 else 0)
-    args = (Pointer(q.data_ptr()), Pointer(k.data_ptr()), Pointer(v.data_ptr()), Pointer(o.data_ptr()),
-            Pointer(lse.data_ptr()), strides, b, hq, hkv, nq, nk, d, float(scale),
-            0 if q.dtype == torch.float16 else 1, int(causal), window, sink_tokens,
-            None if sinks is None else Pointer(sinks.data_ptr()))
+    args = wgmma.forward_args(q, k, v, o, lse, strides, (b, hq, hkv, nq, nk, d), scale, causal, window, sink_tokens,
+                              sinks)
     if nq and b * hq:
-        err = lib.stage4w_forward(*args[:5], (ctypes.c_int64 * 12)(*strides), *args[6:],
-                                  torch._C._cuda_getCurrentRawStream(q.device.index))
-        if err:
-            raise RuntimeError(f"the wgmma forward failed: {lib.stage4w_error_string(err).decode()}")
+        wgmma.call(lib, args, torch._C._cuda_getCurrentRawStream(q.device.index))
     if record is not None:
         record.append(HostCall(lib, args))
 

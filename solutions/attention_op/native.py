@@ -150,10 +150,11 @@ class Pointer(int):
 
 class HostCall:
     """A recorded call of the wgmma kernel's host function, ``stage4w_forward`` of ``lib``, with its
-    arguments as launch.py passed them (tensors as ``Pointer``, the strides as a tuple, sinks as a
-    Pointer or None).  native.cpp calls the same function with the same arguments, the buffers'
-    addresses of the call that repeats it in their place: its tensor maps hold addresses, so they
-    are made on every call, by that function."""
+    arguments as launch.py passed them (``forward_args`` of solutions/fast_variable_block_wgmma.py:
+    tensors as addresses, the strides as a tuple, sinks as an address or None).  native.cpp calls
+    the same function with the same arguments, the buffers' addresses of the call that repeats it
+    in their place: its tensor maps hold addresses, so they are made on every call, by that
+    function."""
     __slots__ = ("lib", "args")
 
     def __init__(self, lib, args: tuple):
@@ -167,7 +168,7 @@ def _host_call(call: HostCall, buffers: list) -> tuple | None:
     q, k, v, o, lse, strides, *ints, sinks = call.args
     described = []
     for value in (q, k, v, o, lse):
-        index = _buffer_index(value, buffers)
+        index = _buffer_index(Pointer(value), buffers)
         if index is None:
             return None
         described.append((BUFFER, index))
@@ -179,7 +180,7 @@ def _host_call(call: HostCall, buffers: list) -> tuple | None:
     if sinks is None:
         described.append((NULL, 0))
     else:
-        index = _buffer_index(sinks, buffers)
+        index = _buffer_index(Pointer(sinks), buffers)
         if index is None:
             return None
         described.append((BUFFER, index))
