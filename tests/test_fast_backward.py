@@ -6,7 +6,10 @@ Triton's interpreter runs the descriptors as ordinary loads; the GPU runs add bf
 long sequences, where the autotuner picks the tiles.
 """
 
-from kernels import reference, runtime, tolerance
+import ctypes
+import re
+
+from kernels import cuda_build, reference, runtime, tolerance
 from kernels.loader import ROOT, load_file
 
 import pytest
@@ -150,3 +153,35 @@ def test_the_one_pass_probe_s_kernel_matches_float64_autograd(fast, causal, tile
     o, lse = fast.flash_attention(q, k, v, causal=causal)
     got = probe.fused_backward(q, k, v, o, lse, do, causal, tile, False, fast._stage9.backward_preprocess)
     _check_grads((*got, None), q, k, v, do, causal=causal)
+
+
+WGMMA_PROBE = ROOT / "grader" / "bench" / "probes" / "wgmma_backward.py"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
+@pytest.mark.parametrize("d, config, leave_out", [(64, "2x2-tma2", 0), (128, "2x2-tma2", 0), (128, "2x3-tma1", 0),
+                                                  (128, "2x2-atomic", 0), (128, "2x2-tma2", 1), (64, "2x2-atomic", 2)])
+def test_the_wgmma_backward_probe_compiles_for_hopper(d, config, leave_out, tmp_path):
+    """grader/bench/probes/wgmma_backward.py builds its kernel on the GPU machine; here, without a
+    GPU, every variant it times compiles for sm_90a with no spilled register and no serialized
+    matrix product (ptxas's warning C7510-C7515), and asks for shared memory an H100 has."""
+    probe = load_file(WGMMA_PROBE)
+    lib = probe.build(d, config, tmp_path, leave_out=leave_out)
+    entries = re.findall(r"Function properties for (\S+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores",
+                         lib.ptxas)
+    ours = [(name, spills) for name, spills in entries if "bwdw" in name]
+    assert len(ours) == 4, lib.ptxas[-2000:]          # float16 and bfloat16, dense and causal
+    assert all(spills == "0" for _, spills in ours), ours
+    assert "serialized" not in lib.ptxas, lib.ptxas[-2000:]
+    config_out = (ctypes.c_int * 4)()
+    lib.bwdw_config(config_out)
+    assert list(config_out)[:3] == [d, 128, 384] and config_out[3] <= 227 * 1024
+
+
+@pytest.mark.parametrize("text", ["2x2", "1x2-tma2", "2x2-tma3", "2x2-atomics"])
+def test_the_wgmma_backward_probe_names_a_bad_configuration(text):
+    probe = load_file(WGMMA_PROBE)
+    with pytest.raises(SystemExit, match="--configs"):
+        probe.parse_config(text)
+    assert probe.parse_config("2x3-tma1") == (3, 1, 1) and probe.parse_config("2x2-atomic") == (2, 0, 0)

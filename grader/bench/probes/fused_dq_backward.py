@@ -136,6 +136,15 @@ def _reference(q, k, v, do, causal):
     return torch.autograd.grad(o, (qq, kk, vv), do.float())
 
 
+def dense_case(d: int, causal: bool):
+    """The timed inputs, B4 H16 N4096 bfloat16 q, k, v and do at head dim d, and the backward's
+    FLOPs over the visible pairs (five products: 2.5x the forward's)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(4, 16, 4096, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    flops = 4 * 4 * 16 * d * (4096 * 4097 // 2 if causal else 4096 * 4096) * 5 // 2
+    return q, k, v, do, flops
+
+
 def _error(got, want) -> float:
     """Largest |got - want| over the largest |want|, across dq, dk and dv."""
     return max(((g.float() - w).abs().max() / w.abs().max().clamp_min(1e-6)).item() for g, w in zip(got, want))
@@ -163,10 +172,7 @@ def main() -> int:
             name = f"B4 H16 N4096 D{d}{' causal' if causal else ''}"
             start = time.time()
             print(name, flush=True)
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v, do = (torch.randn(4, 16, 4096, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                           for _ in range(4))
-            flops = 4 * 4 * 16 * d * (4096 * 4097 // 2 if causal else 4096 * 4096) * 5 // 2
+            q, k, v, do, flops = dense_case(d, causal)
             o, lse = tma_f.flash_attention(q, k, v, causal=causal)
             want = _reference(q, k, v, do, causal)
 

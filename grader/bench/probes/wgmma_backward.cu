@@ -1,0 +1,365 @@
+// Probe: one pass of the attention backward for Hopper (sm_90a), written with wgmma and the TMA.
+// grader/bench/probes/wgmma_backward.py builds it, checks it against float32 SDPA and times it.
+//
+// What the two-kernel Triton backward (solutions/fast_backward_tma.py) does in seven matrix
+// products a tile, this kernel does in five, as FlashAttention-2 and -3 do: each thread block
+// owns BN = 64 x WARPGROUPS keys, keeps their K and V in shared memory, walks the query blocks
+// (64 rows each) that see them and, per block,
+//
+//     S^T  = K Q^T            dP^T = V dO^T            (shared x shared)
+//     P^T  = exp(scale S^T - lse)                      dS^T = P^T (dP^T - delta)
+//     dV  += P^T dO           dK  += dS^T Q            (P^T and dS^T from registers)
+//     dQ  += dS K             (dS^T through shared memory, read transposed; added into a
+//                              float32 buffer that every key block of the row shares, by the
+//                              TMA's reduce-add from shared memory, or by vector atomics)
+//
+// Consumer warpgroup w owns keys 64 w .. 64 w + 63 of the block; for dQ the warpgroups split
+// the head dim instead (w takes columns w D / 2 ..), so each reads both warpgroups' dS: a
+// barrier between the consumers, and dS kept in two buffers so that the next block's can be
+// written while the other warpgroup still reads this one.  A producer warpgroup (one thread)
+// brings K and V once and Q, dO, lse and delta of each query block through a ring of STAGES.
+//
+// Minimal on purpose: dense or causal (bottom-right), as many K/V heads as query heads,
+// contiguous (B, H, N, D) tensors, N a multiple of 128 and D of 64.  The wgmma and TMA helpers
+// are the forward's (solutions/fast_variable_block_wgmma.cu), included whole.
+
+#include "fast_variable_block_wgmma.cu"
+
+#ifndef BWD_WARPGROUPS
+#define BWD_WARPGROUPS 2
+#endif
+#ifndef BWD_STAGES
+#define BWD_STAGES 2
+#endif
+#ifndef BWD_DQ_TMA                        // 1: dQ goes through shared memory and the TMA's reduce-add;
+#define BWD_DQ_TMA 1                      // 0: vector atomics from the registers
+#endif
+#ifndef BWD_DQ_BUFFERS                    // dQ buffers a warpgroup (with BWD_DQ_TMA): 1 or 2
+#define BWD_DQ_BUFFERS 2
+#endif
+#ifndef BWD_LEAVE_OUT                     // a diagnostic, wrong by design: 1 leaves out dQ's additions,
+#define BWD_LEAVE_OUT 0                   // 2 its product too, so that their cost can be timed
+#endif
+
+namespace bwdw {
+using namespace stage4w;
+
+template <int D, int WG, int NS>
+struct Config {
+    static_assert(D % 64 == 0 && D <= 128, "the probe takes head dims 64 and 128");
+    static_assert(WG == 2, "two consumer warpgroups: they split dQ's columns between them");
+    static_assert(BWD_DQ_BUFFERS == 1 || BWD_DQ_BUFFERS == 2, "one or two dQ buffers a warpgroup");
+    static constexpr int BN = 64 * WG;                  // keys a block
+    static constexpr int BM = 64;                       // queries a step
+    static constexpr int PANELS = D / 64;
+    static constexpr int CONSUMERS = 128 * WG;
+    static constexpr int THREADS = CONSUMERS + 128;
+    static constexpr int PRODUCER_REGS = 24;
+    static constexpr int FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+    static constexpr int CONSUMER_REGS = FIT > 240 ? 240 : FIT;
+    static constexpr int KV_BYTES = PANELS * BN * 128;  // K or V of the block
+    static constexpr int Q_BYTES = PANELS * BM * 128;   // Q or dO of a query block
+    static constexpr int DS_BYTES = BN * 128;           // dS^T: BN key rows of 64 queries
+    static constexpr int STAT_BYTES = BM * 4;           // lse or delta of a query block
+    static constexpr int DQ_BYTES = BWD_DQ_TMA ? BM * (D / 2) * 4 : 0;   // a warpgroup's float32 dQ columns
+    static constexpr int SMEM_BYTES = 2 * KV_BYTES + NS * 2 * Q_BYTES + 2 * DS_BYTES + NS * 2 * STAT_BYTES +
+                                      BWD_DQ_BUFFERS * WG * DQ_BYTES + 1024;
+};
+
+struct Params {
+    CUtensorMap tm_q, tm_k, tm_v, tm_do;   // (D, N, H, B) views, boxes of 64 columns
+    CUtensorMap tm_dq;                     // float32 (D, Nq, H, B), boxes of D / 2 columns x 64 rows
+    const float* lse;                      // (B H, Nq), natural log
+    const float* delta;                    // (B H, Nq): rowsum(dO * O)
+    float* dq;                             // (B H, Nq, D) float32, zeroed; gets dS K (unscaled)
+    void* dk;                              // (B H, Nk, D)
+    void* dv;
+    int H, Nq, Nk;
+    float scale, scale_log2;
+};
+
+// d (+)= A B with A and B both read transposed (MN-major) from shared memory.
+template <int N, typename T> struct WgmmaT;
+#define BWDW_WGMMA_T(N, G, T, TY)                                                                        \
+    template <> struct WgmmaT<N, T> {                                                                   \
+        __device__ __forceinline__ static void ss(float (&d)[N / 2], uint64_t da, uint64_t db, uint32_t acc) { \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n"                                    \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " "                 \
+                         "{" WG_SS_##G "}, %0, %1, p, 1, 1, 1, 1;\n}\n"                                  \
+                         : "+l"(da), "+l"(db), "+r"(acc), WG_D_##G);                                     \
+        }                                                                                               \
+    };
+BWDW_WGMMA_T(32, 4, __half, "f16") BWDW_WGMMA_T(32, 4, __nv_bfloat16, "bf16")
+BWDW_WGMMA_T(64, 8, __half, "f16") BWDW_WGMMA_T(64, 8, __nv_bfloat16, "bf16")
+
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, uint32_t src, int col, int row, int h, int b) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 :: "l"(map), "r"(src), "r"(col), "r"(row), "r"(h), "r"(b) : "memory");
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(void* base, int64_t index, float a, float b) {
+    *reinterpret_cast<uint32_t*>(static_cast<T*>(base) + index) = pack<T>(a, b);
+}
+
+template <int D, int WG, int NS, typename T, bool CAUSAL>
+__global__ void __launch_bounds__(Config<D, WG, NS>::THREADS, 1)
+backward_kernel(const __grid_constant__ Params p) {
+    using C = Config<D, WG, NS>;
+    constexpr int BN = C::BN, BM = C::BM, PANELS = C::PANELS, DH = D / 2;
+    constexpr float LOG2E_F = 1.4426950408889634f;
+
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ __align__(8) uint64_t bars[1 + 2 * NS];
+    const uint32_t raw = smem_addr(smem_raw);
+    const uint32_t base = (raw + 1023) & ~1023u;
+    const uint32_t sK = base, sV = sK + C::KV_BYTES;
+    const uint32_t sQ = sV + C::KV_BYTES;                 // [NS][PANELS][BM rows][128 bytes]
+    const uint32_t sdO = sQ + NS * C::Q_BYTES;
+    const uint32_t sdS = sdO + NS * C::Q_BYTES;           // [2][BN rows][128 bytes]
+    const uint32_t sStat = sdS + 2 * C::DS_BYTES;         // [NS][lse BM | delta BM] floats
+    const uint32_t sDQ = sStat + NS * 2 * C::STAT_BYTES;  // [BWD_DQ_BUFFERS][WG][BM rows][D / 2] float32
+    const float* stat = reinterpret_cast<const float*>(smem_raw + (sStat - raw));
+    const uint32_t bar_kv = smem_addr(&bars[0]);
+    auto full = [&](int s) { return smem_addr(&bars[1 + s]); };
+    auto empty = [&](int s) { return smem_addr(&bars[1 + NS + s]); };
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int n0 = blockIdx.x * BN;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int offset = p.Nk - p.Nq;
+    const int m_blocks = (p.Nq + BM - 1) / BM;
+    const int first = CAUSAL ? max(0, n0 - offset) / BM : 0;   // the first query block that sees a key here
+    const int n_iters = max(0, m_blocks - first);
+
+    if (tid == 0) {
+        mbar_init(bar_kv, 1);
+        for (int s = 0; s < NS; ++s) { mbar_init(full(s), 1); mbar_init(empty(s), C::CONSUMERS / 32); }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp < 4) {                                       // the producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(C::PRODUCER_REGS));
+        if (warp == 0 && lane == 0) {
+            mbar_expect_tx(bar_kv, 2 * C::KV_BYTES);
+            for (int c = 0; c < PANELS; ++c) {
+                tma_load(sK + c * BN * 128, &p.tm_k, 64 * c, n0, h, b, bar_kv);
+                tma_load(sV + c * BN * 128, &p.tm_v, 64 * c, n0, h, b, bar_kv);
+            }
+            for (int it = 0; it < n_iters; ++it) {
+                const int s = it % NS, m = (first + it) * BM;
+                mbar_wait(empty(s), ((it / NS) & 1) ^ 1);
+                mbar_expect_tx(full(s), 2 * C::Q_BYTES + 2 * C::STAT_BYTES);
+                for (int c = 0; c < PANELS; ++c) {
+                    tma_load(sQ + s * C::Q_BYTES + c * BM * 128, &p.tm_q, 64 * c, m, h, b, full(s));
+                    tma_load(sdO + s * C::Q_BYTES + c * BM * 128, &p.tm_do, 64 * c, m, h, b, full(s));
+                }
+                bulk_load(sStat + s * 2 * C::STAT_BYTES, p.lse + (int64_t)bh * p.Nq + m, C::STAT_BYTES, full(s));
+                bulk_load(sStat + s * 2 * C::STAT_BYTES + C::STAT_BYTES, p.delta + (int64_t)bh * p.Nq + m,
+                          C::STAT_BYTES, full(s));
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(C::CONSUMER_REGS));
+    const int wg = warp / 4 - 1, w4 = warp % 4, g = lane / 4, t = lane % 4;
+    const int krow = 64 * wg + 16 * w4 + g;               // this thread's key rows: krow, krow + 8
+    float dv[D / 2], dk[D / 2];
+    #pragma unroll
+    for (int j = 0; j < D / 2; ++j) { dv[j] = 0.f; dk[j] = 0.f; }
+
+    // K-major tiles (the head dim along the 128-byte rows), as the forward's Q and K: step kk
+    // reads 16 columns.  Transposed reads (the MN-major A or B) take 16 rows a step, panels
+    // LBO apart.
+    auto rows_desc = [&](uint32_t tile, int rows, int first_row, int kk) {
+        return descriptor(tile + (kk / 4) * rows * 128 + first_row * 128 + (kk % 4) * 32, 16, 1024);
+    };
+    auto cols_desc = [&](uint32_t tile, int rows, int kk) { return descriptor(tile + kk * 2048, rows * 128, 1024); };
+    const int c0 = wg * DH;                               // this warpgroup's dQ columns
+    const uint32_t sK_dq = sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2;
+
+    mbar_wait(bar_kv, 0);
+    for (int it = 0; it < n_iters; ++it) {
+        const int s = it % NS, buf = it & 1, m = (first + it) * BM;
+        const uint32_t q_t = sQ + s * C::Q_BYTES, do_t = sdO + s * C::Q_BYTES;
+        float st[BM / 2], dpt[BM / 2];
+        mbar_wait(full(s), (it / NS) & 1);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) Wgmma<BM, T>::ss(st, rows_desc(sK, BN, 64 * wg, kk), rows_desc(q_t, BM, 0, kk), kk > 0);
+        wgmma_commit();
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) Wgmma<BM, T>::ss(dpt, rows_desc(sV, BN, 64 * wg, kk), rows_desc(do_t, BM, 0, kk), kk > 0);
+        wgmma_commit();
+        const float* lse = stat + s * 2 * BM;
+        const float* delta = lse + BM;
+        wgmma_wait<1>();
+        hold(st);
+        const bool need_mask = CAUSAL && n0 + BN - 1 > m + offset;
+        #pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+            const float2 l2 = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * t);
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float l = (e & 1) ? l2.y : l2.x;
+                float x = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -l * LOG2E_F));
+                if (need_mask && n0 + krow + (e >> 1) * 8 > m + 8 * j + 2 * t + (e & 1) + offset) x = 0.f;
+                st[4 * j + e] = x;
+            }
+        }
+        wgmma_wait<0>();
+        hold(dpt);
+        #pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+            const float2 d2 = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) dpt[4 * j + e] = st[4 * j + e] * (dpt[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+        }
+        uint32_t pa[BM / 16][4], da[BM / 16][4];
+        #pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk)
+            #pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                pa[kk][r] = pack<T>(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+                da[kk][r] = pack<T>(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+            }
+        // dS^T into shared memory: key row r, 16-byte chunk j (queries 8 j ..) at chunk j ^ (r % 8).
+        #pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+            #pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const uint32_t a = sdS + buf * C::DS_BYTES + (krow + 8 * i) * 128 + ((j ^ g) * 16) + 4 * t;
+                asm volatile("st.shared.u32 [%0], %1;\n" :: "r"(a), "r"(da[j / 2][(j % 2) * 2 + i]));
+            }
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) Wgmma<D, T>::rs(dv, pa[kk], cols_desc(do_t, BM, kk));
+        #pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) Wgmma<D, T>::rs(dk, da[kk], cols_desc(q_t, BM, kk));
+        wgmma_commit();
+        float dq[DH / 2];
+        if (BWD_LEAVE_OUT < 2) {
+            fence_async_smem();                           // dS^T written, then read by the async proxy
+            asm volatile("bar.sync 1, %0;\n" :: "n"(C::CONSUMERS) : "memory");
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                WgmmaT<DH, T>::ss(dq, cols_desc(sdS + buf * C::DS_BYTES, BN, kk), cols_desc(sK_dq, BN, kk), kk > 0);
+            wgmma_commit();
+        }
+        wgmma_wait<0>();
+        hold(dv); hold(dk); hold(dq);
+        #pragma unroll
+        for (int kk = 0; kk < BM / 16; ++kk) { hold(pa[kk]); hold(da[kk]); }
+        if (lane == 0) mbar_arrive(empty(s));
+        // dQ rows m + 16 w4 + g (+ 8), columns c0 + 8 j + 2 t
+        if (BWD_DQ_TMA && !BWD_LEAVE_OUT) {
+            // Into this warpgroup's buffer (once the reduce-add that last used it has read it), then
+            // one thread hands it to the TMA, which adds it into global memory while the loop goes on.
+            const uint32_t dqs = sDQ + ((it % BWD_DQ_BUFFERS) * WG + wg) * C::DQ_BYTES;
+            if (tid % 128 == 0) {
+                if (BWD_DQ_BUFFERS == 1) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                else asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+            }
+            asm volatile("bar.sync %0, 128;\n" :: "r"(2 + wg) : "memory");
+            #pragma unroll
+            for (int j = 0; j < DH / 8; ++j)
+                #pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n"
+                                 :: "r"(dqs + ((16 * w4 + g + 8 * i) * DH + 8 * j + 2 * t) * 4),
+                                    "f"(dq[4 * j + 2 * i]), "f"(dq[4 * j + 2 * i + 1]));
+            fence_async_smem();
+            asm volatile("bar.sync %0, 128;\n" :: "r"(2 + wg) : "memory");
+            if (tid % 128 == 0) {
+                tma_reduce_add(&p.tm_dq, dqs, c0, m, h, b);
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            }
+            continue;
+        }
+        float* row = p.dq + ((int64_t)bh * p.Nq + m + 16 * w4 + g) * D + c0 + 2 * t;
+        #pragma unroll
+        for (int j = 0; j < (BWD_LEAVE_OUT ? 0 : DH / 8); ++j) {
+            atomicAdd(reinterpret_cast<float2*>(row + 8 * j), make_float2(dq[4 * j], dq[4 * j + 1]));
+            atomicAdd(reinterpret_cast<float2*>(row + 8 * D + 8 * j), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
+        }
+    }
+    if (BWD_DQ_TMA && tid % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    // dV and dK (scaled) of keys n0 + krow (+ 8), columns 8 j + 2 t
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int key = n0 + krow + 8 * i;
+        if (key >= p.Nk) continue;
+        const int64_t at = ((int64_t)bh * p.Nk + key) * D + 2 * t;
+        #pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            store_pair<T>(p.dv, at + 8 * j, dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+            store_pair<T>(p.dk, at + 8 * j, dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
+        }
+    }
+}
+
+template <typename T, bool CAUSAL>
+cudaError_t launch(const Params& p, int batch_heads, cudaStream_t stream) {
+    using C = Config<HEAD_DIM, BWD_WARPGROUPS, BWD_STAGES>;
+    auto kernel = backward_kernel<HEAD_DIM, BWD_WARPGROUPS, BWD_STAGES, T, CAUSAL>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
+    if (err != cudaSuccess) return err;
+    dim3 grid((p.Nk + C::BN - 1) / C::BN, batch_heads);
+    kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(p);
+    return cudaGetLastError();
+}
+
+}  // namespace bwdw
+
+extern "C" {
+
+// HEAD_DIM, keys a block, threads, dynamic shared memory.
+void bwdw_config(int* out) {
+    using C = bwdw::Config<HEAD_DIM, BWD_WARPGROUPS, BWD_STAGES>;
+    out[0] = HEAD_DIM; out[1] = C::BN; out[2] = C::THREADS; out[3] = C::SMEM_BYTES;
+}
+
+// Contiguous (B, H, N, D) q, k, v, do, dk, dv; lse, delta (B H, Nq) float32; dq (B H, Nq, D)
+// float32, zeroed by the caller.  Returns 0 or an error code (stage4w_error_string).
+int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, const float* lse, const float* delta,
+                  float* dq, void* dk, void* dv, int batch, int heads, int n_q, int n_k, int head_dim, float sm_scale,
+                  int dtype, int causal, void* stream) {
+    using C = bwdw::Config<HEAD_DIM, BWD_WARPGROUPS, BWD_STAGES>;
+    if (head_dim != HEAD_DIM) return -1;
+    if (dtype != 0 && dtype != 1) return -2;
+    bwdw::Params p;
+    const int64_t D = HEAD_DIM;
+    int err = stage4w::make_map(&p.tm_q, q, dtype, heads * n_q * D, n_q * D, D, batch, heads, n_q, HEAD_DIM, C::BM);
+    if (!err) err = stage4w::make_map(&p.tm_do, d_o, dtype, heads * n_q * D, n_q * D, D, batch, heads, n_q, HEAD_DIM, C::BM);
+    if (!err) err = stage4w::make_map(&p.tm_k, k, dtype, heads * n_k * D, n_k * D, D, batch, heads, n_k, HEAD_DIM, C::BN);
+    if (!err) err = stage4w::make_map(&p.tm_v, v, dtype, heads * n_k * D, n_k * D, D, batch, heads, n_k, HEAD_DIM, C::BN);
+    if (!err && BWD_DQ_TMA) {
+        stage4w::EncodeTiled encode = stage4w::encoder();
+        if (!encode) return -3;
+        cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)n_q, (cuuint64_t)heads, (cuuint64_t)batch};
+        cuuint64_t strides[3] = {(cuuint64_t)D * 4, (cuuint64_t)n_q * D * 4, (cuuint64_t)heads * n_q * D * 4};
+        cuuint32_t box[4] = {HEAD_DIM / 2, (cuuint32_t)C::BM, 1, 1}, unit[4] = {1, 1, 1, 1};
+        if (encode(&p.tm_dq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dq, dims, strides, box, unit,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            err = -4;
+    }
+    if (err) return err;
+    p.lse = lse; p.delta = delta; p.dq = dq; p.dk = dk; p.dv = dv;
+    p.H = heads; p.Nq = n_q; p.Nk = n_k;
+    p.scale = sm_scale; p.scale_log2 = sm_scale * 1.4426950408889634f;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const int bh = batch * heads;
+    if (dtype == 0) return causal ? bwdw::launch<__half, true>(p, bh, s) : bwdw::launch<__half, false>(p, bh, s);
+    return causal ? bwdw::launch<__nv_bfloat16, true>(p, bh, s) : bwdw::launch<__nv_bfloat16, false>(p, bh, s);
+}
+
+}  // extern "C"

@@ -1,0 +1,222 @@
+"""Probe: the one-pass backward written for Hopper with wgmma and the TMA, against the TMA backward and cuDNN.
+
+Sections 6 and 9 of docs/hopper-notes.md found the two-kernel Triton backward multiplying at
+nearly cuDNN's rate but doing seven matrix products a tile to cuDNN's five, and two one-pass
+Triton kernels slower still.  ``wgmma_backward.cu`` (beside this file) is the one pass written by
+hand: a producer warpgroup feeding Q, dO, lse and delta through a TMA ring, two consumer
+warpgroups that own 64 keys each, dS shared between them through shared memory for dQ, and dQ
+added into a float32 buffer that every key block of a row shares: by the TMA's reduce-add from
+one or two buffers in shared memory a warpgroup (``tma1``, ``tma2``), or by vector atomics from
+the registers (``atomic``).  Minimal: dense or causal, as many K/V heads as query heads, N a
+multiple of 128, D 64 or 128.  ``--leave-out`` also times the first configuration built without
+dQ's additions, and without dQ altogether: diagnostics whose gradients are wrong by design, to
+show what the additions cost.
+
+Each case first checks dq, dk and dv against float32 SDPA (largest error over the largest
+gradient); only a correct kernel is timed.  Times include stage 9's preprocess (delta), zeroing
+the float32 dQ and converting it, beside solutions/fast_backward_tma.py's backward and SDPA's
+cuDNN backward, every provider on the same inputs in the same run:
+
+    python grader/bench/probes/wgmma_backward.py [--configs 2x2-tma2,2x2-atomic] [--leave-out] [--json PATH]
+                                                                   (an sm_90 GPU and nvcc)
+
+tests/test_fast_backward.py compiles every variant for sm_90a, which needs no GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.getcwd())
+from kernels import cuda_build, runtime  # noqa: E402,F401  (decides TRITON_INTERPRET before triton is imported)
+from kernels.loader import ROOT, load_file  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+CU_FILE = HERE / "wgmma_backward.cu"
+_fused = load_file(HERE / "fused_dq_backward.py")     # its inputs, float32 reference and error measure
+
+
+def parse_config(text: str) -> tuple[int, int, int]:
+    """'2x2-tma2' -> (stages 2, dQ through the TMA, 2 buffers); '2x3-atomic' -> (3, atomics, 0)."""
+    shape, _, dq = text.partition("-")
+    warpgroups, stages = (int(x) for x in shape.split("x"))
+    if warpgroups != 2 or dq not in ("tma1", "tma2", "atomic"):
+        raise SystemExit(f"--configs: {text!r} is not 2xSTAGES-tma1, 2xSTAGES-tma2 or 2xSTAGES-atomic")
+    return stages, int(dq != "atomic"), int(dq[-1]) if dq != "atomic" else 0
+
+
+def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
+    """Compile the kernel for one head dim and configuration (ptxas's report printed); ``leave_out``
+    1 or 2 builds a diagnostic without dQ's additions, or without its product too."""
+    stages, dq_tma, buffers = parse_config(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    lib = folder / f"wgmma_backward_d{d}_{config}_l{leave_out}.so"
+    cmd = [cuda_build.nvcc(), "-O3", "-std=c++17", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a",
+           "-Xptxas", "-v", "--shared", "-Xcompiler", "-fPIC", "-cudart", "shared", f"-I{ROOT / 'solutions'}",
+           f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_tma}",
+           f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_LEAVE_OUT={leave_out}", str(CU_FILE), "-o", str(lib)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    report = [line for line in done.stderr.splitlines() if "bwdw" in line or "registers" in line or "spill" in line
+              or "warning" in line or "error" in line]
+    if done.returncode:
+        raise RuntimeError("nvcc failed:\n" + done.stderr[-3000:])
+    print("\n".join(line for line in report if "warning" in line or "Used" in line)[:1500], flush=True)
+    out = ctypes.CDLL(str(lib))
+    out.ptxas = done.stderr            # what ptxas said of it: registers, spills, serialized products
+    out.bwdw_backward.restype = ctypes.c_int
+    out.bwdw_backward.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2 \
+        + [ctypes.c_void_p]
+    out.stage4w_error_string.restype = ctypes.c_char_p
+    return out
+
+
+def backward(lib, q, k, v, o, lse, do, causal, preprocess):
+    """(dq, dk, dv) of the one-pass kernel, from the forward's o and lse."""
+    B, H, N, D = q.shape
+    delta, _ = preprocess(o, do, lse)
+    do = do.contiguous()
+    dq32 = torch.zeros(B, H, N, D, device=q.device, dtype=torch.float32)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    scale = D ** -0.5
+    err = lib.bwdw_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
+                            delta.data_ptr(), dq32.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, N, N, D, scale,
+                            0 if q.dtype == torch.float16 else 1, int(causal), torch.cuda.current_stream().cuda_stream)
+    if err:
+        raise RuntimeError(f"bwdw_backward: {lib.stage4w_error_string(err).decode()}")
+    return (dq32 * scale).to(q.dtype), dk, dv
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """A markdown table of one run: a row a case, a column a provider (backward TFLOP/s, and in
+    brackets the time's ratio to cuDNN's in the same run).  Rows of a committed run that the probe
+    once named otherwise are read under their present names (``provider_now``)."""
+    timed = [r for r in rows if r["bwd_ms"]]
+    providers = list(dict.fromkeys(r.get("provider_now", r["provider"]) for r in timed))
+    providers = ["cudnn"] + [p for p in providers if p != "cudnn"]
+    lines = ["| case | " + " | ".join(providers) + " |", "| --- |" + " --- |" * len(providers)]
+    for case in dict.fromkeys(r["case"] for r in timed):
+        of = {r.get("provider_now", r["provider"]): r for r in timed if r["case"] == case}
+        ratio = {p: f" ({of['cudnn']['bwd_ms'] / of[p]['bwd_ms']:.2f}x)" for p in of if p != "cudnn"}
+        cells = [f"{of[p]['bwd_tflops']:.0f}{ratio.get(p, '')}" if p in of else "–" for p in providers]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "wgmma-backward.json"))
+    parser.add_argument("--configs", default="2x2-tma2,2x2-atomic",
+                        help="consumer warpgroups (2) x ring stages, then how dQ is added: tma1 or tma2 (the "
+                        "TMA's reduce-add from one or two buffers) or atomic; comma-separated")
+    parser.add_argument("--leave-out", action="store_true",
+                        help="also time the first configuration without dQ's additions, and without dQ "
+                        "(wrong by design)")
+    args = parser.parse_args()
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    runtime.tma_scratch()
+    tma_f = load_file(ROOT / "solutions" / "fast_forward_tma.py")
+    tma_b = load_file(ROOT / "solutions" / "fast_backward_tma.py")
+    preprocess = tma_b._stage9.backward_preprocess
+    folder = Path(os.environ.get("OUT", "/tmp")) / "wgmma-backward-build"
+    doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               nvcc=".".join(map(str, cuda_build.nvcc_release() or ())), rows=[], checks=[])
+    print(doc["gpu"], doc["torch"], "triton", doc["triton"], "nvcc", doc["nvcc"], flush=True)
+    configs = args.configs.split(",")
+    for c in configs:
+        parse_config(c)
+    libs = {(d, c): build(d, c, folder) for d in (64, 128) for c in configs}
+    diagnostics = {(d, n): build(d, configs[0], folder, leave_out=n) for d in (64, 128) for n in (1, 2)
+                   if args.leave_out}
+
+    def save():
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+
+    # Small shapes first, both dtypes: a wrong kernel stops here.
+    ok = {}
+    for (d, c), lib in libs.items():
+        ok[(d, c)] = True
+        for dtype in (torch.bfloat16, torch.float16):
+            for causal in (False, True):
+                gen = torch.Generator(device="cuda").manual_seed(1)
+                q, k, v, do = (torch.randn(2, 3, 384, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+                o, lse = tma_f.flash_attention(q, k, v, causal=causal)
+                try:
+                    got = backward(lib, q, k, v, o, lse, do, causal, preprocess)
+                    torch.cuda.synchronize()
+                    err = _fused._error(got, _fused._reference(q, k, v, do, causal))
+                except Exception as e:           # a probe reports and goes on
+                    err, note = float("inf"), f"{type(e).__name__}: {str(e)[:300]}"
+                else:
+                    note = ""
+                check = dict(d=d, config=c, dtype=str(dtype), causal=causal, error=err, note=note)
+                doc["checks"].append(check)
+                save()
+                print(f"check D{d} {c} {dtype} causal={causal}: error {err:.2e} {note}", flush=True)
+                ok[(d, c)] &= err < 2e-2
+
+    def bench(fn):
+        return do_bench(fn, warmup=20, rep=80, return_mode="median")
+
+    for d in (64, 128):
+        for causal in (False, True):
+            name = f"B4 H16 N4096 D{d}{' causal' if causal else ''}"
+            start = time.time()
+            q, k, v, do, flops = _fused.dense_case(d, causal)
+            o, lse = tma_f.flash_attention(q, k, v, causal=causal)
+            want = _fused._reference(q, k, v, do, causal)
+
+            def record(provider, ms, note=""):
+                row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
+                           bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
+                doc["rows"].append(row)
+                save()
+                print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
+
+            print(name, flush=True)
+            for c in configs:
+                if not ok[(d, c)]:
+                    record(f"wgmma-{c}", None, "not timed: wrong on the small checks")
+                    continue
+                lib = libs[(d, c)]
+
+                def run(lib=lib):
+                    return backward(lib, q, k, v, o, lse, do, causal, preprocess)
+                err = _fused._error(run(), want)
+                if err > 2e-2:
+                    record(f"wgmma-{c}", None, f"WRONG, relative error {err:.2e}")
+                    continue
+                record(f"wgmma-{c}", bench(run), f"error {err:.1e}")
+            for n, what in ((1, "no dQ additions"), (2, "no dQ")):
+                if (d, n) in diagnostics:
+                    lib = diagnostics[(d, n)]
+                    record(f"wgmma-leave-out-{n}", bench(lambda lib=lib: backward(lib, q, k, v, o, lse, do, causal,
+                                                                                  preprocess)),
+                           f"diagnostic, {what} (gradients wrong by design), configuration {configs[0]}")
+            got = tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)[:3]
+            record("tma", bench(lambda: tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)),
+                   f"error {_fused._error(got, want):.1e}")
+            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+            record("cudnn", bench(lambda: torch.autograd.grad(oo, (qq, kk, vv), do, retain_graph=True)))
+            print(f"  ({time.time() - start:.0f} s)", flush=True)
+
+    print()
+    print("\n".join(summary(doc["rows"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
