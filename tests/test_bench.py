@@ -628,3 +628,32 @@ def test_section_11_tables_are_the_committed_probes():
     flat = " ".join(section.split())
     assert (f"{min(ratios):.2f}-{max(ratios):.2f}x the TMA forward and {min(cudnn):.2f}-{max(cudnn):.2f}x cuDNN "
             f"on its {len(dense)} forwards without a window") in flat
+
+
+def test_section_12_tables_are_the_committed_probe():
+    """docs/hopper-notes.md's section 12: the one-pass wgmma backward's tables are what
+    grader/bench/probes/wgmma_backward.py's summary makes of runs 2 and 3 of its committed JSON,
+    the section names the GPU and versions, and its ranges are the JSON's."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = notes[notes.index("## 12."):notes.index("## From stage 9")]
+    doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-h200.json").read_text())
+    assert _names_its_run(section, doc)
+    runs = {run["run"]: run for run in doc["runs"]}
+    for name in ("2", "3"):
+        for line in _probe("wgmma_backward").summary(runs[name]["rows"]):
+            assert line in section, line
+    assert all(c["error"] < 2e-2 for run in doc["runs"] for c in run["checks"])
+
+    def ratios(run, provider, against="cudnn"):
+        of = {(r["case"], r.get("provider_now", r["provider"])): r["bwd_ms"] for r in runs[run]["rows"]}
+        return [of[c, against] / of[c, provider] for c, p in of if p == provider]
+
+    def span(values):
+        return f"{min(values):.2f}-{max(values):.2f}x"
+    flat = " ".join(section.split())
+    assert f"runs at {span(ratios('2', 'wgmma-leave-out-1'))} cuDNN ({span(ratios('2', 'wgmma-leave-out-2'))}" in flat
+    double = ratios("4", "wgmma-2x2-tma2")
+    assert f"{span(ratios('4', 'wgmma-2x2-tma2', 'tma'))} the TMA backward, {span(double)}" in flat
+    atomic = [r for run in "123" for p in ("wgmma-2x2-atomic", "wgmma-2x3-atomic")
+              for r in (ratios(run, p, "tma") if any(x.get("provider_now") == p for x in runs[run]["rows"]) else [])]
+    assert f"The atomic variant ties the TMA backward ({span(atomic)} across runs 1-3)" in flat
