@@ -164,8 +164,9 @@ WGMMA_PROBE = ROOT / "grader" / "bench" / "probes" / "wgmma_backward.py"
                                                   (128, "2x2-atomic", 0), (128, "2x2-tma2", 1), (64, "2x2-atomic", 2)])
 def test_the_wgmma_backward_probe_compiles_for_hopper(d, config, leave_out, tmp_path):
     """grader/bench/probes/wgmma_backward.py builds its kernel on the GPU machine; here, without a
-    GPU, every variant it times compiles for sm_90a with no spilled register and no serialized
-    matrix product (ptxas's warning C7510-C7515), and asks for shared memory an H100 has."""
+    GPU, each kind of variant it times compiles for sm_90a with no spilled register and no
+    serialized matrix product (ptxas's "wgmma.mma_async instructions are serialized" warning),
+    and asks for shared memory an H100 has."""
     probe = load_file(WGMMA_PROBE)
     lib = probe.build(d, config, tmp_path, leave_out=leave_out)
     entries = re.findall(r"Function properties for (\S+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores",
@@ -179,7 +180,20 @@ def test_the_wgmma_backward_probe_compiles_for_hopper(d, config, leave_out, tmp_
     assert list(config_out)[:3] == [d, 128, 384] and config_out[3] <= 227 * 1024
 
 
-@pytest.mark.parametrize("text", ["2x2", "1x2-tma2", "2x2-tma3", "2x2-atomics"])
+@pytest.mark.parametrize("shape, words", [((1, 2, 200, 64), "N must be a multiple of 128"),
+                                          ((1, 2, 128, 96), "D 64 or 128")])
+def test_the_wgmma_backward_probe_refuses_shapes_its_kernel_does_not_take(shape, words):
+    """Its kernel reads lse and delta in whole 64-row blocks and splits dQ's columns in panels:
+    other shapes are refused before anything is launched, naming q."""
+    probe = load_file(WGMMA_PROBE)
+    q = torch.zeros(shape)
+    with pytest.raises(ValueError, match=f"q: .*{words}"):
+        probe.backward(None, q, q, q, q, None, q, False, None)
+    with pytest.raises(ValueError, match="k: .*contiguous"):
+        probe.backward(None, q, q.transpose(1, 2), q, q, None, q, False, None)
+
+
+@pytest.mark.parametrize("text", ["2x2", "1x2-tma2", "2x2-tma3", "2x2-atomics", "2xa-tma1", "2x5-atomic"])
 def test_the_wgmma_backward_probe_names_a_bad_configuration(text):
     probe = load_file(WGMMA_PROBE)
     with pytest.raises(SystemExit, match="--configs"):

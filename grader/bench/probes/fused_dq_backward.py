@@ -136,13 +136,26 @@ def _reference(q, k, v, do, causal):
     return torch.autograd.grad(o, (qq, kk, vv), do.float())
 
 
-def dense_case(d: int, causal: bool):
-    """The timed inputs, B4 H16 N4096 bfloat16 q, k, v and do at head dim d, and the backward's
-    FLOPs over the visible pairs (five products: 2.5x the forward's)."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(4, 16, 4096, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-    flops = 4 * 4 * 16 * d * (4096 * 4097 // 2 if causal else 4096 * 4096) * 5 // 2
-    return q, k, v, do, flops
+MAX_ERROR = 2e-2      # a backward whose gradients are further from float32 SDPA's is wrong, and not timed
+
+
+def dense_cases():
+    """``(d, causal, name, (q, k, v, do), flops)`` of the timed cases: B4 H16 N4096 bfloat16 at head
+    dims 64 and 128, causal or not, and the backward's FLOPs over the visible pairs (five products:
+    2.5x the forward's)."""
+    for d in (64, 128):
+        for causal in (False, True):
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            inputs = tuple(torch.randn(4, 16, 4096, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                           for _ in range(4))
+            flops = 4 * 4 * 16 * d * (4096 * 4097 // 2 if causal else 4096 * 4096) * 5 // 2
+            yield d, causal, f"B4 H16 N4096 D{d}{' causal' if causal else ''}", inputs, flops
+
+
+def bench(fn) -> float:
+    """Milliseconds per call of ``fn``, as every row of these probes is timed."""
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=20, rep=80, return_mode="median")
 
 
 def _error(got, want) -> float:
@@ -150,12 +163,27 @@ def _error(got, want) -> float:
     return max(((g.float() - w).abs().max() / w.abs().max().clamp_min(1e-6)).item() for g, w in zip(got, want))
 
 
+def baselines(record, tma_b, q, k, v, o, lse, do, causal: bool, want) -> None:
+    """Time the two backwards every row is set against, on the same inputs: ``tma_b``'s (the
+    module of solutions/fast_backward_tma.py), with its error against ``want``, and SDPA's cuDNN
+    backend; ``record(provider, ms, note)`` keeps each."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    try:
+        got = tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)[:3]
+        record("tma", bench(lambda: tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)),
+               f"error {_error(got, want):.1e}")
+    except Exception as e:                          # a probe reports and goes on
+        record("tma", None, f"failed: {type(e).__name__}: {str(e)[:200]}")
+    qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+    record("cudnn", bench(lambda: torch.autograd.grad(oo, (qq, kk, vv), do, retain_graph=True)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "fused-dq.json"))
     args = parser.parse_args()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
     runtime.tma_scratch()
     tma_f = load_file(ROOT / "solutions" / "fast_forward_tma.py")
@@ -164,54 +192,39 @@ def main() -> int:
     doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, rows=[])
     print(doc["gpu"], doc["torch"], "triton", doc["triton"], flush=True)
 
-    def bench(fn):
-        return do_bench(fn, warmup=20, rep=80, return_mode="median")
+    for d, causal, name, (q, k, v, do), flops in dense_cases():
+        start = time.time()
+        print(name, flush=True)
+        o, lse = tma_f.flash_attention(q, k, v, causal=causal)
+        want = _reference(q, k, v, do, causal)
 
-    for d in (64, 128):
-        for causal in (False, True):
-            name = f"B4 H16 N4096 D{d}{' causal' if causal else ''}"
-            start = time.time()
-            print(name, flush=True)
-            q, k, v, do, flops = dense_case(d, causal)
-            o, lse = tma_f.flash_attention(q, k, v, causal=causal)
-            want = _reference(q, k, v, do, causal)
+        def record(provider, ms, note=""):
+            row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
+                       bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
+            doc["rows"].append(row)
+            Path(args.json).write_text(json.dumps(doc, indent=1))
+            print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
 
-            def record(provider, ms, note=""):
-                row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
-                           bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
-                doc["rows"].append(row)
-                Path(args.json).write_text(json.dumps(doc, indent=1))
-                print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
-
-            for provider, tma_reduce in (("fused-tma", True), ("fused-atomic", False)):
-                timed = []
-                for tile in TILES[d]:
-                    try:
-                        def run(tile=tile, tma_reduce=tma_reduce):
-                            return fused_backward(q, k, v, o, lse, do, causal, tile, tma_reduce, preprocess)
-                        err = _error(run(), want)
-                        if err > 2e-2:
-                            record(provider, None, f"tile {tile}: WRONG, relative error {err:.2e}")
-                            continue
-                        timed.append((bench(run), tile, err))
-                    except Exception as e:          # a probe reports and goes on
-                        record(provider, None, f"tile {tile} failed: {type(e).__name__}: {str(e)[:200]}")
-                    torch.cuda.empty_cache()
-                if timed:
-                    ms, tile, err = min(timed)
-                    others = ", ".join(f"{t}: {m:.3f}" for m, t, _ in sorted(timed))
-                    record(provider, ms, f"best tile {tile}, error {err:.1e}; all: {others}")
-            try:
-                got = tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)[:3]
-                record("tma", bench(lambda: tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)),
-                       f"error {_error(got, want):.1e}")
-            except Exception as e:
-                record("tma", None, f"failed: {type(e).__name__}: {str(e)[:200]}")
-            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-            record("cudnn", bench(lambda: torch.autograd.grad(oo, (qq, kk, vv), do, retain_graph=True)))
-            print(f"  ({time.time() - start:.0f} s)", flush=True)
+        for provider, tma_reduce in (("fused-tma", True), ("fused-atomic", False)):
+            timed = []
+            for tile in TILES[d]:
+                try:
+                    def run(tile=tile, tma_reduce=tma_reduce):
+                        return fused_backward(q, k, v, o, lse, do, causal, tile, tma_reduce, preprocess)
+                    err = _error(run(), want)
+                    if err > MAX_ERROR:
+                        record(provider, None, f"tile {tile}: WRONG, relative error {err:.2e}")
+                        continue
+                    timed.append((bench(run), tile, err))
+                except Exception as e:          # a probe reports and goes on
+                    record(provider, None, f"tile {tile} failed: {type(e).__name__}: {str(e)[:200]}")
+                torch.cuda.empty_cache()
+            if timed:
+                ms, tile, err = min(timed)
+                others = ", ".join(f"{t}: {m:.3f}" for m, t, _ in sorted(timed))
+                record(provider, ms, f"best tile {tile}, error {err:.1e}; all: {others}")
+        baselines(record, tma_b, q, k, v, o, lse, do, causal, want)
+        print(f"  ({time.time() - start:.0f} s)", flush=True)
 
     print("\n| case | provider | bwd ms | bwd TFLOP/s | vs cuDNN | vs tma |")
     for r in doc["rows"]:

@@ -25,9 +25,6 @@
 
 #include "fast_variable_block_wgmma.cu"
 
-#ifndef BWD_WARPGROUPS
-#define BWD_WARPGROUPS 2
-#endif
 #ifndef BWD_STAGES
 #define BWD_STAGES 2
 #endif
@@ -44,10 +41,12 @@
 namespace bwdw {
 using namespace stage4w;
 
+constexpr int CONSUMER_WARPGROUPS = 2;            // consumer warpgroups: they split dQ's columns between them
+
 template <int D, int WG, int NS>
 struct Config {
     static_assert(D % 64 == 0 && D <= 128, "the probe takes head dims 64 and 128");
-    static_assert(WG == 2, "two consumer warpgroups: they split dQ's columns between them");
+    static_assert(WG == 2, "two consumer warpgroups");
     static_assert(BWD_DQ_BUFFERS == 1 || BWD_DQ_BUFFERS == 2, "one or two dQ buffers a warpgroup");
     static constexpr int BN = 64 * WG;                  // keys a block
     static constexpr int BM = 64;                       // queries a step
@@ -308,8 +307,8 @@ backward_kernel(const __grid_constant__ Params p) {
 
 template <typename T, bool CAUSAL>
 cudaError_t launch(const Params& p, int batch_heads, cudaStream_t stream) {
-    using C = Config<HEAD_DIM, BWD_WARPGROUPS, BWD_STAGES>;
-    auto kernel = backward_kernel<HEAD_DIM, BWD_WARPGROUPS, BWD_STAGES, T, CAUSAL>;
+    using C = Config<HEAD_DIM, bwdw::CONSUMER_WARPGROUPS, BWD_STAGES>;
+    auto kernel = backward_kernel<HEAD_DIM, bwdw::CONSUMER_WARPGROUPS, BWD_STAGES, T, CAUSAL>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM_BYTES);
     if (err != cudaSuccess) return err;
     dim3 grid((p.Nk + C::BN - 1) / C::BN, batch_heads);
@@ -323,7 +322,7 @@ extern "C" {
 
 // HEAD_DIM, keys a block, threads, dynamic shared memory.
 void bwdw_config(int* out) {
-    using C = bwdw::Config<HEAD_DIM, BWD_WARPGROUPS, BWD_STAGES>;
+    using C = bwdw::Config<HEAD_DIM, bwdw::CONSUMER_WARPGROUPS, BWD_STAGES>;
     out[0] = HEAD_DIM; out[1] = C::BN; out[2] = C::THREADS; out[3] = C::SMEM_BYTES;
 }
 
@@ -332,7 +331,7 @@ void bwdw_config(int* out) {
 int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, const float* lse, const float* delta,
                   float* dq, void* dk, void* dv, int batch, int heads, int n_q, int n_k, int head_dim, float sm_scale,
                   int dtype, int causal, void* stream) {
-    using C = bwdw::Config<HEAD_DIM, BWD_WARPGROUPS, BWD_STAGES>;
+    using C = bwdw::Config<HEAD_DIM, bwdw::CONSUMER_WARPGROUPS, BWD_STAGES>;
     if (head_dim != HEAD_DIM) return -1;
     if (dtype != 0 && dtype != 1) return -2;
     bwdw::Params p;

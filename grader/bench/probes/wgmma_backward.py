@@ -20,7 +20,7 @@ cuDNN backward, every provider on the same inputs in the same run:
     python grader/bench/probes/wgmma_backward.py [--configs 2x2-tma2,2x2-atomic] [--leave-out] [--json PATH]
                                                                    (an sm_90 GPU and nvcc)
 
-tests/test_fast_backward.py compiles every variant for sm_90a, which needs no GPU.
+tests/test_fast_backward.py compiles each kind of variant for sm_90a, which needs no GPU.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,10 +49,10 @@ _fused = load_file(HERE / "fused_dq_backward.py")     # its inputs, float32 refe
 def parse_config(text: str) -> tuple[int, int, int]:
     """'2x2-tma2' -> (stages 2, dQ through the TMA, 2 buffers); '2x3-atomic' -> (3, atomics, 0)."""
     shape, _, dq = text.partition("-")
-    warpgroups, stages = (int(x) for x in shape.split("x"))
-    if warpgroups != 2 or dq not in ("tma1", "tma2", "atomic"):
-        raise SystemExit(f"--configs: {text!r} is not 2xSTAGES-tma1, 2xSTAGES-tma2 or 2xSTAGES-atomic")
-    return stages, int(dq != "atomic"), int(dq[-1]) if dq != "atomic" else 0
+    if not re.fullmatch(r"2x[234]", shape) or dq not in ("tma1", "tma2", "atomic"):
+        raise SystemExit(f"--configs: {text!r} is not 2xSTAGES-tma1, 2xSTAGES-tma2 or 2xSTAGES-atomic "
+                         "(STAGES 2, 3 or 4)")
+    return int(shape[2]), int(dq != "atomic"), int(dq[-1]) if dq != "atomic" else 0
 
 
 def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
@@ -65,11 +66,10 @@ def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
            f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_tma}",
            f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_LEAVE_OUT={leave_out}", str(CU_FILE), "-o", str(lib)]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    report = [line for line in done.stderr.splitlines() if "bwdw" in line or "registers" in line or "spill" in line
-              or "warning" in line or "error" in line]
     if done.returncode:
         raise RuntimeError("nvcc failed:\n" + done.stderr[-3000:])
-    print("\n".join(line for line in report if "warning" in line or "Used" in line)[:1500], flush=True)
+    print("\n".join(line for line in done.stderr.splitlines() if "warning" in line or "Used" in line)[:1500],
+          flush=True)
     out = ctypes.CDLL(str(lib))
     out.ptxas = done.stderr            # what ptxas said of it: registers, spills, serialized products
     out.bwdw_backward.restype = ctypes.c_int
@@ -82,6 +82,12 @@ def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
 def backward(lib, q, k, v, o, lse, do, causal, preprocess):
     """(dq, dk, dv) of the one-pass kernel, from the forward's o and lse."""
     B, H, N, D = q.shape
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape != q.shape or not t.is_contiguous():
+            raise ValueError(f"{name}: the probe's kernel takes contiguous (B, H, N, D) tensors of q's shape, "
+                             f"got shape {tuple(t.shape)}, strides {t.stride()}")
+    if N % 128 or D not in (64, 128):
+        raise ValueError(f"q: N must be a multiple of 128 and D 64 or 128, got N={N}, D={D}")
     delta, _ = preprocess(o, do, lse)
     do = do.contiguous()
     dq32 = torch.zeros(B, H, N, D, device=q.device, dtype=torch.float32)
@@ -121,9 +127,6 @@ def main() -> int:
                         help="also time the first configuration without dQ's additions, and without dQ "
                         "(wrong by design)")
     args = parser.parse_args()
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
     runtime.tma_scratch()
     tma_f = load_file(ROOT / "solutions" / "fast_forward_tma.py")
@@ -144,74 +147,58 @@ def main() -> int:
         Path(args.json).write_text(json.dumps(doc, indent=1))
 
     # Small shapes first, both dtypes: a wrong kernel stops here.
-    ok = {}
-    for (d, c), lib in libs.items():
-        ok[(d, c)] = True
+    ok = dict.fromkeys(libs, True)
+    for d in (64, 128):
         for dtype in (torch.bfloat16, torch.float16):
             for causal in (False, True):
                 gen = torch.Generator(device="cuda").manual_seed(1)
                 q, k, v, do = (torch.randn(2, 3, 384, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
                 o, lse = tma_f.flash_attention(q, k, v, causal=causal)
-                try:
-                    got = backward(lib, q, k, v, o, lse, do, causal, preprocess)
-                    torch.cuda.synchronize()
-                    err = _fused._error(got, _fused._reference(q, k, v, do, causal))
-                except Exception as e:           # a probe reports and goes on
-                    err, note = float("inf"), f"{type(e).__name__}: {str(e)[:300]}"
-                else:
-                    note = ""
-                check = dict(d=d, config=c, dtype=str(dtype), causal=causal, error=err, note=note)
-                doc["checks"].append(check)
-                save()
-                print(f"check D{d} {c} {dtype} causal={causal}: error {err:.2e} {note}", flush=True)
-                ok[(d, c)] &= err < 2e-2
+                want = _fused._reference(q, k, v, do, causal)
+                for c in configs:
+                    try:
+                        got = backward(libs[d, c], q, k, v, o, lse, do, causal, preprocess)
+                        err, note = _fused._error(got, want), ""
+                    except Exception as e:       # a probe reports and goes on
+                        err, note = float("inf"), f"{type(e).__name__}: {str(e)[:300]}"
+                    doc["checks"].append(dict(d=d, config=c, dtype=str(dtype), causal=causal, error=err, note=note))
+                    save()
+                    print(f"check D{d} {c} {dtype} causal={causal}: error {err:.2e} {note}", flush=True)
+                    ok[d, c] &= err < _fused.MAX_ERROR
 
-    def bench(fn):
-        return do_bench(fn, warmup=20, rep=80, return_mode="median")
+    for d, causal, name, (q, k, v, do), flops in _fused.dense_cases():
+        start = time.time()
+        o, lse = tma_f.flash_attention(q, k, v, causal=causal)
+        want = _fused._reference(q, k, v, do, causal)
 
-    for d in (64, 128):
-        for causal in (False, True):
-            name = f"B4 H16 N4096 D{d}{' causal' if causal else ''}"
-            start = time.time()
-            q, k, v, do, flops = _fused.dense_case(d, causal)
-            o, lse = tma_f.flash_attention(q, k, v, causal=causal)
-            want = _fused._reference(q, k, v, do, causal)
+        def record(provider, ms, note=""):
+            row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
+                       bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
+            doc["rows"].append(row)
+            save()
+            print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
 
-            def record(provider, ms, note=""):
-                row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
-                           bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
-                doc["rows"].append(row)
-                save()
-                print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
+        print(name, flush=True)
+        for c in configs:
+            if not ok[d, c]:
+                record(f"wgmma-{c}", None, "not timed: wrong on the small checks")
+                continue
 
-            print(name, flush=True)
-            for c in configs:
-                if not ok[(d, c)]:
-                    record(f"wgmma-{c}", None, "not timed: wrong on the small checks")
-                    continue
-                lib = libs[(d, c)]
-
-                def run(lib=lib):
+            def run(lib=libs[d, c]):
+                return backward(lib, q, k, v, o, lse, do, causal, preprocess)
+            err = _fused._error(run(), want)
+            if err > _fused.MAX_ERROR:
+                record(f"wgmma-{c}", None, f"WRONG, relative error {err:.2e}")
+                continue
+            record(f"wgmma-{c}", _fused.bench(run), f"error {err:.1e}")
+        for n, what in ((1, "no dQ additions"), (2, "no dQ")):
+            if (d, n) in diagnostics:
+                def wrong(lib=diagnostics[d, n]):
                     return backward(lib, q, k, v, o, lse, do, causal, preprocess)
-                err = _fused._error(run(), want)
-                if err > 2e-2:
-                    record(f"wgmma-{c}", None, f"WRONG, relative error {err:.2e}")
-                    continue
-                record(f"wgmma-{c}", bench(run), f"error {err:.1e}")
-            for n, what in ((1, "no dQ additions"), (2, "no dQ")):
-                if (d, n) in diagnostics:
-                    lib = diagnostics[(d, n)]
-                    record(f"wgmma-leave-out-{n}", bench(lambda lib=lib: backward(lib, q, k, v, o, lse, do, causal,
-                                                                                  preprocess)),
-                           f"diagnostic, {what} (gradients wrong by design), configuration {configs[0]}")
-            got = tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)[:3]
-            record("tma", bench(lambda: tma_b.flash_attention_backward(q, k, v, o, lse, do, causal=causal)),
-                   f"error {_fused._error(got, want):.1e}")
-            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-            record("cudnn", bench(lambda: torch.autograd.grad(oo, (qq, kk, vv), do, retain_graph=True)))
-            print(f"  ({time.time() - start:.0f} s)", flush=True)
+                record(f"wgmma-leave-out-{n}", _fused.bench(wrong),
+                       f"diagnostic, {what} (gradients wrong by design), configuration {configs[0]}")
+        _fused.baselines(record, tma_b, q, k, v, o, lse, do, causal, want)
+        print(f"  ({time.time() - start:.0f} s)", flush=True)
 
     print()
     print("\n".join(summary(doc["rows"])))
