@@ -161,12 +161,15 @@ WGMMA_PROBE = ROOT / "grader" / "bench" / "probes" / "wgmma_backward.py"
 @pytest.mark.slow
 @pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
 @pytest.mark.parametrize("d, config, leave_out", [(64, "2x2-tma2", 0), (128, "2x2-tma2", 0), (128, "2x3-tma1", 0),
-                                                  (128, "2x2-atomic", 0), (128, "2x2-tma2", 1), (64, "2x2-atomic", 2)])
+                                                  (128, "2x2-atomic", 0), (128, "2x2-tma2", 1), (64, "2x2-atomic", 2),
+                                                  (64, "2x2-warp1-order", 0), (128, "2x2-warp2-early", 0),
+                                                  (128, "2x2-warp1", 1)])
 def test_the_wgmma_backward_probe_compiles_for_hopper(d, config, leave_out, tmp_path):
     """grader/bench/probes/wgmma_backward.py builds its kernel on the GPU machine; here, without a
     GPU, each kind of variant it times compiles for sm_90a with no spilled register and no
     serialized matrix product (ptxas's "wgmma.mma_async instructions are serialized" warning),
-    and asks for shared memory an H100 has."""
+    asks for shared memory an H100 has, and moves registers between its warpgroups within the
+    block's allocation."""
     probe = load_file(WGMMA_PROBE)
     lib = probe.build(d, config, tmp_path, leave_out=leave_out)
     entries = re.findall(r"Function properties for (\S+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores",
@@ -175,9 +178,13 @@ def test_the_wgmma_backward_probe_compiles_for_hopper(d, config, leave_out, tmp_
     assert len(ours) == 4, lib.ptxas[-2000:]          # float16 and bfloat16, dense and causal
     assert all(spills == "0" for _, spills in ours), ours
     assert "serialized" not in lib.ptxas, lib.ptxas[-2000:]
-    config_out = (ctypes.c_int * 4)()
+    config_out = (ctypes.c_int * 6)()
     lib.bwdw_config(config_out)
     assert list(config_out)[:3] == [d, 128, 384] and config_out[3] <= 227 * 1024
+    # setmaxnreg only moves registers within what the block was launched with: asking for more hangs.
+    launched = {int(n) for n in re.findall(r"Used (\d+) registers", lib.ptxas)}
+    assert len(launched) == 1, launched
+    assert 128 * config_out[4] + 256 * config_out[5] <= launched.pop() * 384, list(config_out)
 
 
 @pytest.mark.parametrize("shape, words", [((1, 2, 200, 64), "N must be a multiple of 128"),
@@ -193,9 +200,42 @@ def test_the_wgmma_backward_probe_refuses_shapes_its_kernel_does_not_take(shape,
         probe.backward(None, q, q.transpose(1, 2), q, q, None, q, False, None)
 
 
-@pytest.mark.parametrize("text", ["2x2", "1x2-tma2", "2x2-tma3", "2x2-atomics", "2xa-tma1", "2x5-atomic"])
+@pytest.mark.parametrize("text", ["2x2", "1x2-tma2", "2x2-tma3", "2x2-atomics", "2xa-tma1", "2x5-atomic",
+                                  "2x2-warp", "2x2-warp1-late", "2x2-early", "2x2-warp1-order-early"])
 def test_the_wgmma_backward_probe_names_a_bad_configuration(text):
     probe = load_file(WGMMA_PROBE)
     with pytest.raises(SystemExit, match="--configs"):
         probe.parse_config(text)
-    assert probe.parse_config("2x3-tma1") == (3, 1, 1) and probe.parse_config("2x2-atomic") == (2, 0, 0)
+    assert probe.parse_config("2x3-tma1") == (3, 1, 1, 0, 0) and probe.parse_config("2x2-atomic") == (2, 0, 0, 0, 0)
+    assert probe.parse_config("2x2-warp2-early") == (2, 2, 2, 1, 0)
+    assert probe.parse_config("2x2-warp1-early-order") == (2, 2, 1, 1, 1)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_writer_warps_fragment_order_is_put_back_in_rows(d):
+    """With a writer warp (``warp1``, ``warp2``) each consumer thread stores its dQ fragments in
+    register order and the float32 buffer keeps that order; the probe's ``rows_of_fragments`` must
+    undo it.  The expected buffer is laid out here element by element from the kernel's own
+    addresses: warpgroup w, warp w4, lane 4 g + t, register 4 j + 2 i + e holds row
+    16 w4 + g + 8 i, column w D / 2 + 8 j + 2 t + e of its 64-row tile, stored at float
+    w 64 D / 2 + 4 (32 (4 j + w4) + lane) + 2 i + e of the tile."""
+    probe = load_file(WGMMA_PROBE)
+    B, H, N = 1, 2, 128
+    rows = torch.arange(B * H * N * d, dtype=torch.float32).reshape(B, H, N, d)
+    stored = torch.empty(B * H * N * d)
+    for bh in range(B * H):
+        for tile in range(N // 64):
+            base = (bh * N + tile * 64) * d
+            for w in range(2):
+                for w4 in range(4):
+                    for lane in range(32):
+                        g, t = divmod(lane, 4)
+                        for j in range(d // 16):
+                            for r in range(4):
+                                i, e = divmod(r, 2)
+                                at = base + w * 64 * (d // 2) + 4 * (32 * (4 * j + w4) + lane) + r
+                                row, col = 16 * w4 + g + 8 * i, w * (d // 2) + 8 * j + 2 * t + e
+                                stored[at] = rows[bh // H, bh % H, tile * 64 + row, col]
+    got = probe.rows_of_fragments(stored.reshape(B, H, N, d), 0.5, torch.float32)
+    assert got.is_contiguous() and torch.equal(got, rows * 0.5)
+    assert probe.rows_of_fragments(stored.reshape(B, H, N, d), 1.0, torch.bfloat16).dtype == torch.bfloat16

@@ -19,6 +19,13 @@
 // written while the other warpgroup still reads this one.  A producer warpgroup (one thread)
 // brings K and V once and Q, dO, lse and delta of each query block through a ring of STAGES.
 //
+// With BWD_DQ_TMA 2 the consumers only store dQ: each thread its own float32 fragments, in
+// the order the registers hold them (conflict-free 16-byte stores, a warp's 512 bytes in a row),
+// and a writer warp of the producer warpgroup hands each buffer to the bulk copy engine's
+// reduce-add, which adds it, bytes in the same order, into the float32 buffer.  That buffer then
+// holds dQ tile by tile in fragment order, and the caller puts it back in rows (a permutation:
+// see wgmma_backward.py).  Named barriers say when a buffer is full and when it is read.
+//
 // Minimal on purpose: dense or causal (bottom-right), as many K/V heads as query heads,
 // contiguous (B, H, N, D) tensors, N a multiple of 128 and D of 64.  The wgmma and TMA helpers
 // are the forward's (solutions/fast_variable_block_wgmma.cu), included whole.
@@ -28,12 +35,18 @@
 #ifndef BWD_STAGES
 #define BWD_STAGES 2
 #endif
-#ifndef BWD_DQ_TMA                        // 1: dQ goes through shared memory and the TMA's reduce-add;
-#define BWD_DQ_TMA 1                      // 0: vector atomics from the registers
-#endif
+#ifndef BWD_DQ_TMA                        // 0: vector atomics from the registers; 1: through shared memory
+#define BWD_DQ_TMA 1                      // and the TMA's reduce-add, issued by the consumers; 2: through
+#endif                                    // shared memory in fragment order, added by a writer warp
 #ifndef BWD_DQ_BUFFERS                    // dQ buffers a warpgroup (with BWD_DQ_TMA): 1 or 2
 #define BWD_DQ_BUFFERS 2
 #endif
+#ifndef BWD_DQ_EARLY                      // 1: dQ's product goes before dK's, and dQ is stored while dK runs
+#define BWD_DQ_EARLY 0
+#endif
+#ifndef BWD_ORDER                         // 1: causal key blocks longest first across the heads; dense ones
+#define BWD_ORDER 0                       // each start at their own query block, so that they add into
+#endif                                    // different dQ rows at a time
 #ifndef BWD_LEAVE_OUT                     // a diagnostic, wrong by design: 1 leaves out dQ's additions,
 #define BWD_LEAVE_OUT 0                   // 2 its product too, so that their cost can be timed
 #endif
@@ -53,9 +66,13 @@ struct Config {
     static constexpr int PANELS = D / 64;
     static constexpr int CONSUMERS = 128 * WG;
     static constexpr int THREADS = CONSUMERS + 128;
+    // setmaxnreg only moves registers within the block's launch allocation (ptxas gives each thread
+    // the most __launch_bounds__ allows, 168 here): a consumer asking for more than is left waits forever.
     static constexpr int PRODUCER_REGS = 24;
-    static constexpr int FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+    static constexpr int POOL = 65536 / THREADS / 8 * 8 * THREADS;
+    static constexpr int FIT = (POOL - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr int CONSUMER_REGS = FIT > 240 ? 240 : FIT;
+    static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= POOL, "setmaxnreg asks for more than the block has");
     static constexpr int KV_BYTES = PANELS * BN * 128;  // K or V of the block
     static constexpr int Q_BYTES = PANELS * BM * 128;   // Q or dO of a query block
     static constexpr int DS_BYTES = BN * 128;           // dS^T: BN key rows of 64 queries
@@ -96,6 +113,21 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+__device__ __forceinline__ void bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+
+// Named barriers 2 .. between the consumers and the writer warp (0 is __syncthreads, 1 the consumers'):
+// FULL(buffer, warpgroup) when a dQ buffer is stored, EMPTY(buffer, warpgroup) when it has been read.
+constexpr int DQ_FULL = 2, DQ_EMPTY = 2 + 2 * CONSUMER_WARPGROUPS;
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
 __device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, uint32_t src, int col, int row, int h, int b) {
     asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
                  :: "l"(map), "r"(src), "r"(col), "r"(row), "r"(h), "r"(b) : "memory");
@@ -129,12 +161,19 @@ backward_kernel(const __grid_constant__ Params p) {
     auto empty = [&](int s) { return smem_addr(&bars[1 + NS + s]); };
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int n0 = blockIdx.x * BN;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int linear = blockIdx.x + blockIdx.y * gridDim.x;
+    const bool longest_first = BWD_ORDER && CAUSAL;
+    const int n0 = (longest_first ? linear / gridDim.y : blockIdx.x) * BN;
+    const int bh = longest_first ? linear % gridDim.y : blockIdx.y, b = bh / p.H, h = bh % p.H;
     const int offset = p.Nk - p.Nq;
     const int m_blocks = (p.Nq + BM - 1) / BM;
     const int first = CAUSAL ? max(0, n0 - offset) / BM : 0;   // the first query block that sees a key here
     const int n_iters = max(0, m_blocks - first);
+    const int turn = BWD_ORDER && !CAUSAL ? (int)((int64_t)blockIdx.x * n_iters / gridDim.x) : 0;
+    auto block_at = [&](int it) {                 // step it's query block: first + (it + turn) mod n_iters
+        const int k = it + turn;
+        return first + (k >= n_iters ? k - n_iters : k);
+    };
 
     if (tid == 0) {
         mbar_init(bar_kv, 1);
@@ -152,7 +191,7 @@ backward_kernel(const __grid_constant__ Params p) {
                 tma_load(sV + c * BN * 128, &p.tm_v, 64 * c, n0, h, b, bar_kv);
             }
             for (int it = 0; it < n_iters; ++it) {
-                const int s = it % NS, m = (first + it) * BM;
+                const int s = it % NS, m = block_at(it) * BM;
                 mbar_wait(empty(s), ((it / NS) & 1) ^ 1);
                 mbar_expect_tx(full(s), 2 * C::Q_BYTES + 2 * C::STAT_BYTES);
                 for (int c = 0; c < PANELS; ++c) {
@@ -163,6 +202,30 @@ backward_kernel(const __grid_constant__ Params p) {
                 bulk_load(sStat + s * 2 * C::STAT_BYTES + C::STAT_BYTES, p.delta + (int64_t)bh * p.Nq + m,
                           C::STAT_BYTES, full(s));
             }
+        } else if (BWD_DQ_TMA == 2 && !BWD_LEAVE_OUT && warp == 1) {
+            // The writer: each stored buffer into the float32 dQ by the reduce-add, then, once the
+            // engine has read a buffer that the consumers will use again, tell them so.
+            constexpr int NB = BWD_DQ_BUFFERS;
+            for (int it = 0; it < n_iters; ++it) {
+                const int buf = it % NB;
+                float* tile = p.dq + ((int64_t)bh * p.Nq + block_at(it) * BM) * D;
+                for (int w = 0; w < WG; ++w) {
+                    named_sync(DQ_FULL + buf * WG + w, 128 + 32);
+                    if (lane == 0) {
+                        bulk_reduce_add(tile + w * BM * DH, sDQ + (buf * WG + w) * C::DQ_BYTES, C::DQ_BYTES);
+                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+                    }
+                }
+                if (lane == 0) {
+                    if (NB == 1) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+                    else asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(WG) : "memory");
+                }
+                __syncwarp();
+                const int read = it - (NB - 1);           // the iteration whose buffers are now read
+                if (read >= 0 && read + NB < n_iters)     // ... and will be stored again
+                    for (int w = 0; w < WG; ++w) named_arrive(DQ_EMPTY + (read % NB) * WG + w, 128 + 32);
+            }
+            if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
         }
         return;
     }
@@ -186,7 +249,7 @@ backward_kernel(const __grid_constant__ Params p) {
 
     mbar_wait(bar_kv, 0);
     for (int it = 0; it < n_iters; ++it) {
-        const int s = it % NS, buf = it & 1, m = (first + it) * BM;
+        const int s = it % NS, buf = it & 1, m = block_at(it) * BM;
         const uint32_t q_t = sQ + s * C::Q_BYTES, do_t = sdO + s * C::Q_BYTES;
         float st[BM / 2], dpt[BM / 2];
         mbar_wait(full(s), (it / NS) & 1);
@@ -240,8 +303,10 @@ backward_kernel(const __grid_constant__ Params p) {
         wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) Wgmma<D, T>::rs(dv, pa[kk], cols_desc(do_t, BM, kk));
-        #pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk) Wgmma<D, T>::rs(dk, da[kk], cols_desc(q_t, BM, kk));
+        if (!BWD_DQ_EARLY) {
+            #pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk) Wgmma<D, T>::rs(dk, da[kk], cols_desc(q_t, BM, kk));
+        }
         wgmma_commit();
         float dq[DH / 2];
         if (BWD_LEAVE_OUT < 2) {
@@ -253,13 +318,40 @@ backward_kernel(const __grid_constant__ Params p) {
                 WgmmaT<DH, T>::ss(dq, cols_desc(sdS + buf * C::DS_BYTES, BN, kk), cols_desc(sK_dq, BN, kk), kk > 0);
             wgmma_commit();
         }
-        wgmma_wait<0>();
-        hold(dv); hold(dk); hold(dq);
+        if (BWD_DQ_EARLY) {                               // dK runs while dQ is stored
+            #pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk) Wgmma<D, T>::rs(dk, da[kk], cols_desc(q_t, BM, kk));
+            wgmma_commit();
+            wgmma_wait<1>();
+            hold(dq);
+        } else {
+            wgmma_wait<0>();
+            hold(dv); hold(dk); hold(dq);
+        }
+        if (BWD_DQ_TMA == 2 && !BWD_LEAVE_OUT) {
+            // Thread l of warp w4 stores its fragments of column group j at 16 (32 (4 j + w4) + l):
+            // row 16 w4 + g (+ 8), columns 8 j + 2 t (+ 1) of this warpgroup's half.
+            const int nb = it % BWD_DQ_BUFFERS;
+            const uint32_t dqs = sDQ + (nb * WG + wg) * C::DQ_BYTES;
+            if (it >= BWD_DQ_BUFFERS) named_sync(DQ_EMPTY + nb * WG + wg, 128 + 32);
+            #pragma unroll
+            for (int j = 0; j < DH / 8; ++j)
+                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                             :: "r"(dqs + (32 * (4 * j + w4) + lane) * 16),
+                                "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3]) : "memory");
+            fence_async_smem();
+            named_arrive(DQ_FULL + nb * WG + wg, 128 + 32);
+        }
+        if (BWD_DQ_EARLY) {
+            wgmma_wait<0>();
+            hold(dv); hold(dk);
+        }
         #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) { hold(pa[kk]); hold(da[kk]); }
         if (lane == 0) mbar_arrive(empty(s));
         // dQ rows m + 16 w4 + g (+ 8), columns c0 + 8 j + 2 t
-        if (BWD_DQ_TMA && !BWD_LEAVE_OUT) {
+        if (BWD_DQ_TMA == 2) continue;
+        if (BWD_DQ_TMA == 1 && !BWD_LEAVE_OUT) {
             // Into this warpgroup's buffer (once the reduce-add that last used it has read it), then
             // one thread hands it to the TMA, which adds it into global memory while the loop goes on.
             const uint32_t dqs = sDQ + ((it % BWD_DQ_BUFFERS) * WG + wg) * C::DQ_BYTES;
@@ -290,7 +382,7 @@ backward_kernel(const __grid_constant__ Params p) {
             atomicAdd(reinterpret_cast<float2*>(row + 8 * D + 8 * j), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
         }
     }
-    if (BWD_DQ_TMA && tid % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    if (BWD_DQ_TMA == 1 && tid % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     // dV and dK (scaled) of keys n0 + krow (+ 8), columns 8 j + 2 t
     #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -320,10 +412,12 @@ cudaError_t launch(const Params& p, int batch_heads, cudaStream_t stream) {
 
 extern "C" {
 
-// HEAD_DIM, keys a block, threads, dynamic shared memory.
+// HEAD_DIM, keys a block, threads, dynamic shared memory, registers a producer and a consumer
+// thread take with setmaxnreg.
 void bwdw_config(int* out) {
     using C = bwdw::Config<HEAD_DIM, bwdw::CONSUMER_WARPGROUPS, BWD_STAGES>;
     out[0] = HEAD_DIM; out[1] = C::BN; out[2] = C::THREADS; out[3] = C::SMEM_BYTES;
+    out[4] = C::PRODUCER_REGS; out[5] = C::CONSUMER_REGS;
 }
 
 // Contiguous (B, H, N, D) q, k, v, do, dk, dv; lse, delta (B H, Nq) float32; dq (B H, Nq, D)
@@ -340,7 +434,7 @@ int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, 
     if (!err) err = stage4w::make_map(&p.tm_do, d_o, dtype, heads * n_q * D, n_q * D, D, batch, heads, n_q, HEAD_DIM, C::BM);
     if (!err) err = stage4w::make_map(&p.tm_k, k, dtype, heads * n_k * D, n_k * D, D, batch, heads, n_k, HEAD_DIM, C::BN);
     if (!err) err = stage4w::make_map(&p.tm_v, v, dtype, heads * n_k * D, n_k * D, D, batch, heads, n_k, HEAD_DIM, C::BN);
-    if (!err && BWD_DQ_TMA) {
+    if (!err && BWD_DQ_TMA == 1) {
         stage4w::EncodeTiled encode = stage4w::encoder();
         if (!encode) return -3;
         cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)n_q, (cuuint64_t)heads, (cuuint64_t)batch};

@@ -2,15 +2,17 @@
 
 Sections 6 and 9 of docs/hopper-notes.md found the two-kernel Triton backward multiplying at
 nearly cuDNN's rate but doing seven matrix products a tile to cuDNN's five, and two one-pass
-Triton kernels slower still.  ``wgmma_backward.cu`` (beside this file) is the one pass written by
+Triton kernels slower still. ``wgmma_backward.cu`` (beside this file) is the one pass written by
 hand: a producer warpgroup feeding Q, dO, lse and delta through a TMA ring, two consumer
 warpgroups that own 64 keys each, dS shared between them through shared memory for dQ, and dQ
 added into a float32 buffer that every key block of a row shares: by the TMA's reduce-add from
-one or two buffers in shared memory a warpgroup (``tma1``, ``tma2``), or by vector atomics from
-the registers (``atomic``).  Minimal: dense or causal, as many K/V heads as query heads, N a
-multiple of 128, D 64 or 128.  ``--leave-out`` also times the first configuration built without
-dQ's additions, and without dQ altogether: diagnostics whose gradients are wrong by design, to
-show what the additions cost.
+one or two buffers in shared memory a warpgroup (``tma1``, ``tma2``), by vector atomics from the
+registers (``atomic``), or stored in fragment order for a writer warp to add (``warp1``,
+``warp2``). ``-early`` puts dQ's product before dK's so that dQ is stored while dK runs;
+``-order`` launches causal key blocks longest first and starts dense ones at staggered query blocks.
+Minimal: dense or causal, as many K/V heads as query heads, N a multiple of 128, D 64 or 128.
+``--leave-out`` also times the first configuration built without dQ's additions, and without dQ
+altogether: diagnostics whose gradients are wrong by design, to show what the additions cost.
 
 Each case first checks dq, dk and dv against float32 SDPA (largest error over the largest
 gradient); only a correct kernel is timed.  Times include stage 9's preprocess (delta), zeroing
@@ -32,6 +34,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
@@ -46,25 +49,34 @@ CU_FILE = HERE / "wgmma_backward.cu"
 _fused = load_file(HERE / "fused_dq_backward.py")     # its inputs, float32 reference and error measure
 
 
-def parse_config(text: str) -> tuple[int, int, int]:
-    """'2x2-tma2' -> (stages 2, dQ through the TMA, 2 buffers); '2x3-atomic' -> (3, atomics, 0)."""
-    shape, _, dq = text.partition("-")
-    if not re.fullmatch(r"2x[234]", shape) or dq not in ("tma1", "tma2", "atomic"):
-        raise SystemExit(f"--configs: {text!r} is not 2xSTAGES-tma1, 2xSTAGES-tma2 or 2xSTAGES-atomic "
-                         "(STAGES 2, 3 or 4)")
-    return int(shape[2]), int(dq != "atomic"), int(dq[-1]) if dq != "atomic" else 0
+DQ_MODES = {"atomic": 0, "tma": 1, "warp": 2}     # how dQ is added: BWD_DQ_TMA in wgmma_backward.cu
+
+
+def parse_config(text: str) -> tuple[int, int, int, int, int]:
+    """'2x2-tma2' -> (stages 2, dQ by the consumers' TMA reduce-add 1, 2 buffers, early 0, order 0);
+    '2x3-atomic' -> (3, atomics 0, 0, 0, 0); '2x2-warp1-early-order' -> (2, a writer warp 2, 1 buffer,
+    dQ's product before dK's 1, blocks reordered 1)."""
+    found = re.fullmatch(r"2x([234])-(atomic|tma[12]|warp[12])(-early)?(-order)?", text)
+    if not found:
+        raise SystemExit(f"--configs: {text!r} is not 2xSTAGES-DQ[-early][-order], with STAGES 2, 3 or 4 "
+                         "and DQ one of atomic, tma1, tma2, warp1, warp2")
+    stages, dq, early, order = found.groups()
+    mode = DQ_MODES[dq.rstrip("12")]
+    return int(stages), mode, int(dq[-1]) if mode else 0, int(bool(early)), int(bool(order))
 
 
 def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
     """Compile the kernel for one head dim and configuration (ptxas's report printed); ``leave_out``
     1 or 2 builds a diagnostic without dQ's additions, or without its product too."""
-    stages, dq_tma, buffers = parse_config(config)
+    stages, dq_mode, buffers, early, order = parse_config(config)
     folder.mkdir(parents=True, exist_ok=True)
     lib = folder / f"wgmma_backward_d{d}_{config}_l{leave_out}.so"
     cmd = [cuda_build.nvcc(), "-O3", "-std=c++17", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a",
            "-Xptxas", "-v", "--shared", "-Xcompiler", "-fPIC", "-cudart", "shared", f"-I{ROOT / 'solutions'}",
-           f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_tma}",
-           f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_LEAVE_OUT={leave_out}", str(CU_FILE), "-o", str(lib)]
+           f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_mode}",
+           f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_DQ_EARLY={early}", f"-DBWD_ORDER={order}",
+           f"-DBWD_LEAVE_OUT={leave_out}",
+           str(CU_FILE), "-o", str(lib)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("nvcc failed:\n" + done.stderr[-3000:])
@@ -72,6 +84,7 @@ def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
           flush=True)
     out = ctypes.CDLL(str(lib))
     out.ptxas = done.stderr            # what ptxas said of it: registers, spills, serialized products
+    out.dq_mode = dq_mode
     out.bwdw_backward.restype = ctypes.c_int
     out.bwdw_backward.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2 \
         + [ctypes.c_void_p]
@@ -98,7 +111,21 @@ def backward(lib, q, k, v, o, lse, do, causal, preprocess):
                             0 if q.dtype == torch.float16 else 1, int(causal), torch.cuda.current_stream().cuda_stream)
     if err:
         raise RuntimeError(f"bwdw_backward: {lib.stage4w_error_string(err).decode()}")
-    return (dq32 * scale).to(q.dtype), dk, dv
+    if lib.dq_mode != DQ_MODES["warp"]:
+        return (dq32 * scale).to(q.dtype), dk, dv
+    return rows_of_fragments(dq32, scale, q.dtype), dk, dv
+
+
+def rows_of_fragments(dq32, scale, dtype):
+    """dQ in rows, scaled, from the writer warp's fragment order: in each 64-row tile, the half of
+    the columns warpgroup w owns is stored as [j][warp][g][t][i][e] for row 16 warp + 8 i + g and
+    column 8 j + 2 t + e of the half (one conversion kernel, as in the other modes)."""
+    B, H, N, D = dq32.shape
+    tiles = dq32.view(B, H, N // 64, 2, D // 16, 4, 8, 4, 2, 2)       # b h tile w j warp g t i e
+    out = torch.empty(B, H, N, D, device=dq32.device, dtype=dtype)
+    torch.mul(tiles.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9), scale,
+              out=out.view(B, H, N // 64, 4, 2, 8, 2, D // 16, 4, 2))
+    return out
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -122,7 +149,9 @@ def main() -> int:
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "wgmma-backward.json"))
     parser.add_argument("--configs", default="2x2-tma2,2x2-atomic",
                         help="consumer warpgroups (2) x ring stages, then how dQ is added: tma1 or tma2 (the "
-                        "TMA's reduce-add from one or two buffers) or atomic; comma-separated")
+                        "consumers' TMA reduce-add from one or two buffers), warp1 or warp2 (a writer "
+                        "warp's), or atomic; then -early for dQ's product before dK's, -order for causal key "
+                        "blocks longest first and dense ones starting at staggered query blocks; comma-separated")
     parser.add_argument("--leave-out", action="store_true",
                         help="also time the first configuration without dQ's additions, and without dQ "
                         "(wrong by design)")
@@ -139,9 +168,12 @@ def main() -> int:
     configs = args.configs.split(",")
     for c in configs:
         parse_config(c)
-    libs = {(d, c): build(d, c, folder) for d in (64, 128) for c in configs}
-    diagnostics = {(d, n): build(d, configs[0], folder, leave_out=n) for d in (64, 128) for n in (1, 2)
-                   if args.leave_out}
+    wanted = [(d, c, 0) for d in (64, 128) for c in configs]
+    wanted += [(d, configs[0], n) for d in (64, 128) for n in (1, 2) if args.leave_out]
+    with ThreadPoolExecutor(max_workers=8) as pool:                # nvcc runs on one core each
+        built = dict(zip(wanted, pool.map(lambda w: build(w[0], w[1], folder, leave_out=w[2]), wanted)))
+    libs = {(d, c): lib for (d, c, n), lib in built.items() if not n}
+    diagnostics = {(d, n): lib for (d, c, n), lib in built.items() if n}
 
     def save():
         Path(args.json).write_text(json.dumps(doc, indent=1))
