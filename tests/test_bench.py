@@ -657,3 +657,46 @@ def test_section_12_tables_are_the_committed_probe():
     atomic = [r for run in "123" for p in ("wgmma-2x2-atomic", "wgmma-2x3-atomic")
               for r in (ratios(run, p, "tma") if any(x.get("provider_now") == p for x in runs[run]["rows"]) else [])]
     assert f"The atomic variant ties the TMA backward ({span(atomic)} across runs 1-3)" in flat
+
+
+def test_section_13_tables_are_the_committed_probe():
+    """docs/hopper-notes.md's section 13: the dQ writer warp's three tables are what
+    grader/bench/probes/wgmma_backward.py's summary makes of its committed JSON, the section names
+    the GPU and versions, and the ranges it states are the JSON's."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = notes[notes.index("## 13."):notes.index("## From stage 9")]
+    doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-writer-h200.json").read_text())
+    assert _names_its_run(section, doc)
+    runs = {run["run"]: run for run in doc["runs"]}
+    for run in runs.values():
+        for line in _probe("wgmma_backward").summary(run["rows"]):
+            assert line in section, line
+    assert all(c["error"] < 2e-2 for run in doc["runs"] for c in run["checks"])
+    assert f"{100 * max(c['error'] for run in doc['runs'] for c in run['checks']):.2f}% of the largest" in section
+
+    def ms(run, provider):
+        return {r["case"]: r["bwd_ms"] for r in runs[run]["rows"] if r["provider"] == provider}
+
+    def ratios(run, provider, against="cudnn"):
+        theirs, ours = ms(run, against), ms(run, provider)
+        return [theirs[c] / ours[c] for c in ours]
+
+    def span(values, fmt="{:.2f}"):
+        return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+    flat = " ".join(section.split())
+    best = "wgmma-2x2-warp1-early"
+    assert f"from {span(ratios('1', 'wgmma-2x2-tma1'))}x cuDNN" in flat
+    assert f"to {span(ratios('1', 'wgmma-2x2-warp1'))}x in the same run" in flat
+    assert f"took it to {span(ratios('1', best))}x" in flat
+    every = [x for run in runs for x in ratios(run, best)]
+    every_tma = [x for run in runs for x in ratios(run, best, "tma")]
+    assert f"runs at {span(every)}x cuDNN and {span(every_tma)}x the TMA backward" in flat
+    d128 = "B4 H16 N4096 D128"
+    tflops = {p: [r["bwd_tflops"] for run in doc["runs"] for r in run["rows"]
+                  if r["case"] == d128 and r["provider"] == p] for p in ("cudnn", best)}
+    assert f"({span(tflops['cudnn'], '{:.0f}')} TFLOP/s on the dense D128 case)" in flat
+    assert f"more than this kernel's ({span(tflops[best], '{:.0f}')})" in flat
+    assert f"runs at {span(ratios('3', 'wgmma-leave-out-1'))}x cuDNN" in flat
+    without, with_ = ms("3", "wgmma-leave-out-1"), ms("3", best)
+    cost = [1 - without[c] / with_[c] for c in with_]
+    assert f"they take {span([100 * c for c in cost], '{:.0f}')}% of its time" in flat
