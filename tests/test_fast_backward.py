@@ -200,6 +200,16 @@ def test_the_wgmma_backward_probe_refuses_shapes_its_kernel_does_not_take(shape,
         probe.backward(None, q, q.transpose(1, 2), q, q, None, q, False, None)
 
 
+def test_the_wgmma_backward_probe_refuses_what_its_kernel_does_not_compute():
+    """K/V heads must divide the query heads, and the workbook's window comes with causal."""
+    probe = load_file(WGMMA_PROBE)
+    q, kv = torch.zeros(1, 4, 128, 64), torch.zeros(1, 3, 128, 64)
+    with pytest.raises(ValueError, match="k: its 3 heads must divide q's 4"):
+        probe.backward(None, q, kv, kv, q, None, q, True, None)
+    with pytest.raises(ValueError, match="window: .*causal"):
+        probe.backward(None, q, q[:, :2].contiguous(), q[:, :2].contiguous(), q, None, q, False, None, 64)
+
+
 @pytest.mark.parametrize("text", ["2x2", "1x2-tma2", "2x2-tma3", "2x2-atomics", "2xa-tma1", "2x5-atomic",
                                   "2x2-warp", "2x2-warp1-late", "2x2-early", "2x2-warp1-order-early"])
 def test_the_wgmma_backward_probe_names_a_bad_configuration(text):

@@ -26,9 +26,12 @@
 // holds dQ tile by tile in fragment order, and the caller puts it back in rows (a permutation:
 // see wgmma_backward.py).  Named barriers say when a buffer is full and when it is read.
 //
-// Minimal on purpose: dense or causal (bottom-right), as many K/V heads as query heads,
-// contiguous (B, H, N, D) tensors, N a multiple of 128 and D of 64.  The wgmma and TMA helpers
-// are the forward's (solutions/fast_variable_block_wgmma.cu), included whole.
+// GQA: a block owns 128 keys of one K/V head and walks every query head of its group, so dK and
+// dV are summed over the group in registers.  Causal (bottom-right), a sliding window and sink
+// tokens follow the workbook's rule (kernels/masks.py) and skip query blocks as stage 9's
+// query_blocks_of does; learned sinks need nothing here (they are in lse, and their gradient is
+// the preprocess's).  Minimal on purpose: contiguous tensors, N a multiple of 128, D 64 or 128.
+// The wgmma and TMA helpers are the forward's (solutions/fast_variable_block_wgmma.cu), included whole.
 
 #include "fast_variable_block_wgmma.cu"
 
@@ -90,7 +93,8 @@ struct Params {
     float* dq;                             // (B H, Nq, D) float32, zeroed; gets dS K (unscaled)
     void* dk;                              // (B H, Nk, D)
     void* dv;
-    int H, Nq, Nk;
+    int H, Hkv, Nq, Nk;                    // query heads, K/V heads (H a multiple)
+    int window, sink_tokens;               // (with causal) a window of this many keys, 0 for none; sink tokens
     float scale, scale_log2;
 };
 
@@ -164,16 +168,33 @@ backward_kernel(const __grid_constant__ Params p) {
     const int linear = blockIdx.x + blockIdx.y * gridDim.x;
     const bool longest_first = BWD_ORDER && CAUSAL;
     const int n0 = (longest_first ? linear / gridDim.y : blockIdx.x) * BN;
-    const int bh = longest_first ? linear % gridDim.y : blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int bkv = longest_first ? linear % gridDim.y : blockIdx.y;   // (batch, K/V head)
+    const int b = bkv / p.Hkv, hkv = bkv % p.Hkv, group = p.H / p.Hkv;
     const int offset = p.Nk - p.Nq;
-    const int m_blocks = (p.Nq + BM - 1) / BM;
-    const int first = CAUSAL ? max(0, n0 - offset) / BM : 0;   // the first query block that sees a key here
-    const int n_iters = max(0, m_blocks - first);
-    const int turn = BWD_ORDER && !CAUSAL ? (int)((int64_t)blockIdx.x * n_iters / gridDim.x) : 0;
-    auto block_at = [&](int it) {                 // step it's query block: first + (it + turn) mod n_iters
-        const int k = it + turn;
-        return first + (k >= n_iters ? k - n_iters : k);
+    // The query rows [lo, hi) that see a key of this block, and [full_lo, full_hi) that see all of
+    // them, as stage 9's query_blocks_of: causal from the diagonal down; a window ends where the
+    // block's last key leaves it, unless the block holds sink tokens.
+    int lo = 0, hi = p.Nq, full_lo = 0, full_hi = p.Nq;
+    if (CAUSAL) {
+        lo = max(n0 - offset, 0) / BM * BM;
+        full_lo = min((max(n0 + BN - 1 - offset, 0) + BM - 1) / BM * BM, hi);
+        if (p.window > 0) {
+            hi = n0 < p.sink_tokens ? p.Nq : min(n0 + BN - 1 - offset + p.window, p.Nq);
+            full_lo = min(full_lo, hi);
+            full_hi = max(min(max(n0 - offset + p.window, 0) / BM * BM, hi), full_lo);
+        }
+    }
+    const int first = lo / BM;                            // the first query block that sees a key here
+    const int n_m = max(0, (hi + BM - 1) / BM - first);   // query blocks a query head
+    const int n_iters = group * n_m;                      // steps: every query head of the group, block by block
+    const int turn = BWD_ORDER && !CAUSAL ? (int)((int64_t)blockIdx.x * n_m / gridDim.x) : 0;
+    auto block_at = [&](int mi) {                 // the query block of step mi of a head: first + (mi + turn) mod n_m
+        const int k = mi + turn;
+        return first + (k >= n_m ? k - n_m : k);
     };
+    // Each loop walks the steps as (query head of the group gh, block mi), counting both.
+    auto next = [&](int& gh, int& mi) { if (++mi == n_m) { mi = 0; ++gh; } };
+    auto rows_of = [&](int gh) { return (int64_t)(b * p.H + hkv * group + gh) * p.Nq; };   // lse, delta, dQ row 0
 
     if (tid == 0) {
         mbar_init(bar_kv, 1);
@@ -187,28 +208,28 @@ backward_kernel(const __grid_constant__ Params p) {
         if (warp == 0 && lane == 0) {
             mbar_expect_tx(bar_kv, 2 * C::KV_BYTES);
             for (int c = 0; c < PANELS; ++c) {
-                tma_load(sK + c * BN * 128, &p.tm_k, 64 * c, n0, h, b, bar_kv);
-                tma_load(sV + c * BN * 128, &p.tm_v, 64 * c, n0, h, b, bar_kv);
+                tma_load(sK + c * BN * 128, &p.tm_k, 64 * c, n0, hkv, b, bar_kv);
+                tma_load(sV + c * BN * 128, &p.tm_v, 64 * c, n0, hkv, b, bar_kv);
             }
-            for (int it = 0; it < n_iters; ++it) {
-                const int s = it % NS, m = block_at(it) * BM;
+            for (int it = 0, gh = 0, mi = 0; it < n_iters; ++it, next(gh, mi)) {
+                const int s = it % NS, m = block_at(mi) * BM, hq = hkv * group + gh;
                 mbar_wait(empty(s), ((it / NS) & 1) ^ 1);
                 mbar_expect_tx(full(s), 2 * C::Q_BYTES + 2 * C::STAT_BYTES);
                 for (int c = 0; c < PANELS; ++c) {
-                    tma_load(sQ + s * C::Q_BYTES + c * BM * 128, &p.tm_q, 64 * c, m, h, b, full(s));
-                    tma_load(sdO + s * C::Q_BYTES + c * BM * 128, &p.tm_do, 64 * c, m, h, b, full(s));
+                    tma_load(sQ + s * C::Q_BYTES + c * BM * 128, &p.tm_q, 64 * c, m, hq, b, full(s));
+                    tma_load(sdO + s * C::Q_BYTES + c * BM * 128, &p.tm_do, 64 * c, m, hq, b, full(s));
                 }
-                bulk_load(sStat + s * 2 * C::STAT_BYTES, p.lse + (int64_t)bh * p.Nq + m, C::STAT_BYTES, full(s));
-                bulk_load(sStat + s * 2 * C::STAT_BYTES + C::STAT_BYTES, p.delta + (int64_t)bh * p.Nq + m,
+                bulk_load(sStat + s * 2 * C::STAT_BYTES, p.lse + rows_of(gh) + m, C::STAT_BYTES, full(s));
+                bulk_load(sStat + s * 2 * C::STAT_BYTES + C::STAT_BYTES, p.delta + rows_of(gh) + m,
                           C::STAT_BYTES, full(s));
             }
         } else if (BWD_DQ_TMA == 2 && !BWD_LEAVE_OUT && warp == 1) {
             // The writer: each stored buffer into the float32 dQ by the reduce-add, then, once the
             // engine has read a buffer that the consumers will use again, tell them so.
             constexpr int NB = BWD_DQ_BUFFERS;
-            for (int it = 0; it < n_iters; ++it) {
+            for (int it = 0, gh = 0, mi = 0; it < n_iters; ++it, next(gh, mi)) {
                 const int buf = it % NB;
-                float* tile = p.dq + ((int64_t)bh * p.Nq + block_at(it) * BM) * D;
+                float* tile = p.dq + (rows_of(gh) + block_at(mi) * BM) * D;
                 for (int w = 0; w < WG; ++w) {
                     named_sync(DQ_FULL + buf * WG + w, 128 + 32);
                     if (lane == 0) {
@@ -248,8 +269,8 @@ backward_kernel(const __grid_constant__ Params p) {
     const uint32_t sK_dq = sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2;
 
     mbar_wait(bar_kv, 0);
-    for (int it = 0; it < n_iters; ++it) {
-        const int s = it % NS, buf = it & 1, m = block_at(it) * BM;
+    for (int it = 0, gh = 0, mi = 0; it < n_iters; ++it, next(gh, mi)) {
+        const int s = it % NS, buf = it & 1, m = block_at(mi) * BM, hq = hkv * group + gh;
         const uint32_t q_t = sQ + s * C::Q_BYTES, do_t = sdO + s * C::Q_BYTES;
         float st[BM / 2], dpt[BM / 2];
         mbar_wait(full(s), (it / NS) & 1);
@@ -264,7 +285,7 @@ backward_kernel(const __grid_constant__ Params p) {
         const float* delta = lse + BM;
         wgmma_wait<1>();
         hold(st);
-        const bool need_mask = CAUSAL && n0 + BN - 1 > m + offset;
+        const bool need_mask = CAUSAL && !(m >= full_lo && m + BM <= full_hi);
         #pragma unroll
         for (int j = 0; j < BM / 8; ++j) {
             const float2 l2 = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * t);
@@ -272,7 +293,10 @@ backward_kernel(const __grid_constant__ Params p) {
             for (int e = 0; e < 4; ++e) {
                 const float l = (e & 1) ? l2.y : l2.x;
                 float x = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -l * LOG2E_F));
-                if (need_mask && n0 + krow + (e >> 1) * 8 > m + 8 * j + 2 * t + (e & 1) + offset) x = 0.f;
+                if (need_mask) {                  // the workbook's rule: causal, and in the window or a sink token
+                    const int key = n0 + krow + (e >> 1) * 8, diag = m + 8 * j + 2 * t + (e & 1) + offset;
+                    if (key > diag || (p.window > 0 && key <= diag - p.window && key >= p.sink_tokens)) x = 0.f;
+                }
                 st[4 * j + e] = x;
             }
         }
@@ -370,12 +394,12 @@ backward_kernel(const __grid_constant__ Params p) {
             fence_async_smem();
             asm volatile("bar.sync %0, 128;\n" :: "r"(2 + wg) : "memory");
             if (tid % 128 == 0) {
-                tma_reduce_add(&p.tm_dq, dqs, c0, m, h, b);
+                tma_reduce_add(&p.tm_dq, dqs, c0, m, hq, b);
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             }
             continue;
         }
-        float* row = p.dq + ((int64_t)bh * p.Nq + m + 16 * w4 + g) * D + c0 + 2 * t;
+        float* row = p.dq + (rows_of(gh) + m + 16 * w4 + g) * D + c0 + 2 * t;
         #pragma unroll
         for (int j = 0; j < (BWD_LEAVE_OUT ? 0 : DH / 8); ++j) {
             atomicAdd(reinterpret_cast<float2*>(row + 8 * j), make_float2(dq[4 * j], dq[4 * j + 1]));
@@ -388,7 +412,7 @@ backward_kernel(const __grid_constant__ Params p) {
     for (int i = 0; i < 2; ++i) {
         const int key = n0 + krow + 8 * i;
         if (key >= p.Nk) continue;
-        const int64_t at = ((int64_t)bh * p.Nk + key) * D + 2 * t;
+        const int64_t at = ((int64_t)bkv * p.Nk + key) * D + 2 * t;
         #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
             store_pair<T>(p.dv, at + 8 * j, dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
@@ -420,20 +444,23 @@ void bwdw_config(int* out) {
     out[4] = C::PRODUCER_REGS; out[5] = C::CONSUMER_REGS;
 }
 
-// Contiguous (B, H, N, D) q, k, v, do, dk, dv; lse, delta (B H, Nq) float32; dq (B H, Nq, D)
-// float32, zeroed by the caller.  Returns 0 or an error code (stage4w_error_string).
+// Contiguous q, do (B, H, Nq, D), k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B H, Nq) float32; dq
+// (B H, Nq, D) float32, zeroed by the caller.  A window needs causal.  Returns 0 or an error code (stage4w_error_string).
 int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, const float* lse, const float* delta,
-                  float* dq, void* dk, void* dv, int batch, int heads, int n_q, int n_k, int head_dim, float sm_scale,
-                  int dtype, int causal, void* stream) {
+                  float* dq, void* dk, void* dv, int batch, int heads, int heads_kv, int n_q, int n_k, int head_dim,
+                  float sm_scale, int dtype, int causal, int window, int sink_tokens, void* stream) {
     using C = bwdw::Config<HEAD_DIM, bwdw::CONSUMER_WARPGROUPS, BWD_STAGES>;
     if (head_dim != HEAD_DIM) return -1;
     if (dtype != 0 && dtype != 1) return -2;
+    if (heads_kv < 1 || heads % heads_kv || (window > 0 && !causal) || window < 0 || sink_tokens < 0) return -2;
     bwdw::Params p;
     const int64_t D = HEAD_DIM;
     int err = stage4w::make_map(&p.tm_q, q, dtype, heads * n_q * D, n_q * D, D, batch, heads, n_q, HEAD_DIM, C::BM);
     if (!err) err = stage4w::make_map(&p.tm_do, d_o, dtype, heads * n_q * D, n_q * D, D, batch, heads, n_q, HEAD_DIM, C::BM);
-    if (!err) err = stage4w::make_map(&p.tm_k, k, dtype, heads * n_k * D, n_k * D, D, batch, heads, n_k, HEAD_DIM, C::BN);
-    if (!err) err = stage4w::make_map(&p.tm_v, v, dtype, heads * n_k * D, n_k * D, D, batch, heads, n_k, HEAD_DIM, C::BN);
+    if (!err) err = stage4w::make_map(&p.tm_k, k, dtype, heads_kv * n_k * D, n_k * D, D, batch, heads_kv, n_k, HEAD_DIM,
+                                      C::BN);
+    if (!err) err = stage4w::make_map(&p.tm_v, v, dtype, heads_kv * n_k * D, n_k * D, D, batch, heads_kv, n_k, HEAD_DIM,
+                                      C::BN);
     if (!err && BWD_DQ_TMA == 1) {
         stage4w::EncodeTiled encode = stage4w::encoder();
         if (!encode) return -3;
@@ -447,12 +474,13 @@ int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, 
     }
     if (err) return err;
     p.lse = lse; p.delta = delta; p.dq = dq; p.dk = dk; p.dv = dv;
-    p.H = heads; p.Nq = n_q; p.Nk = n_k;
+    p.H = heads; p.Hkv = heads_kv; p.Nq = n_q; p.Nk = n_k;
+    p.window = window; p.sink_tokens = sink_tokens;
     p.scale = sm_scale; p.scale_log2 = sm_scale * 1.4426950408889634f;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const int bh = batch * heads;
-    if (dtype == 0) return causal ? bwdw::launch<__half, true>(p, bh, s) : bwdw::launch<__half, false>(p, bh, s);
-    return causal ? bwdw::launch<__nv_bfloat16, true>(p, bh, s) : bwdw::launch<__nv_bfloat16, false>(p, bh, s);
+    const int bkv = batch * heads_kv;                 // a block per (key block, batch, K/V head)
+    if (dtype == 0) return causal ? bwdw::launch<__half, true>(p, bkv, s) : bwdw::launch<__half, false>(p, bkv, s);
+    return causal ? bwdw::launch<__nv_bfloat16, true>(p, bkv, s) : bwdw::launch<__nv_bfloat16, false>(p, bkv, s);
 }
 
 }  // extern "C"

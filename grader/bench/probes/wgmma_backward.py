@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
-from kernels import cuda_build, runtime  # noqa: E402,F401  (decides TRITON_INTERPRET before triton is imported)
+from kernels import cuda_build, masks, reference, runtime  # noqa: E402,F401  (decides TRITON_INTERPRET first)
 from kernels.loader import ROOT, load_file  # noqa: E402
 
 import torch  # noqa: E402
@@ -86,29 +86,36 @@ def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
     out.ptxas = done.stderr            # what ptxas said of it: registers, spills, serialized products
     out.dq_mode = dq_mode
     out.bwdw_backward.restype = ctypes.c_int
-    out.bwdw_backward.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_int] * 2 \
+    out.bwdw_backward.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_int] * 4 \
         + [ctypes.c_void_p]
     out.stage4w_error_string.restype = ctypes.c_char_p
     return out
 
 
-def backward(lib, q, k, v, o, lse, do, causal, preprocess):
-    """(dq, dk, dv) of the one-pass kernel, from the forward's o and lse."""
+def backward(lib, q, k, v, o, lse, do, causal, preprocess, window=0, sink_tokens=0, sinks=None):
+    """(dq, dk, dv) of the one-pass kernel, from the forward's o and lse (learned ``sinks`` are in
+    lse; their gradient is the preprocess's, not the kernel's)."""
     B, H, N, D = q.shape
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.shape != q.shape or not t.is_contiguous():
-            raise ValueError(f"{name}: the probe's kernel takes contiguous (B, H, N, D) tensors of q's shape, "
-                             f"got shape {tuple(t.shape)}, strides {t.stride()}")
+    hkv = k.shape[1]
+    for name, t, want in (("q", q, q.shape), ("k", k, (B, hkv, N, D)), ("v", v, (B, hkv, N, D))):
+        if t.shape != want or not t.is_contiguous():
+            raise ValueError(f"{name}: the probe's kernel takes contiguous (B, H, N, D) tensors, K/V heads "
+                             f"dividing q's, got shape {tuple(t.shape)}, strides {t.stride()}")
     if N % 128 or D not in (64, 128):
         raise ValueError(f"q: N must be a multiple of 128 and D 64 or 128, got N={N}, D={D}")
-    delta, _ = preprocess(o, do, lse)
+    if hkv < 1 or H % hkv:
+        raise ValueError(f"k: its {hkv} heads must divide q's {H}")
+    if window and not causal:
+        raise ValueError("window: the workbook's sliding window comes with causal=True")
+    delta, _ = preprocess(o, do, lse, sinks)
     do = do.contiguous()
     dq32 = torch.zeros(B, H, N, D, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     scale = D ** -0.5
     err = lib.bwdw_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
-                            delta.data_ptr(), dq32.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, N, N, D, scale,
-                            0 if q.dtype == torch.float16 else 1, int(causal), torch.cuda.current_stream().cuda_stream)
+                            delta.data_ptr(), dq32.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, hkv, N, N, D, scale,
+                            0 if q.dtype == torch.float16 else 1, int(causal), int(window or 0), int(sink_tokens),
+                            torch.cuda.current_stream().cuda_stream)
     if err:
         raise RuntimeError(f"bwdw_backward: {lib.stage4w_error_string(err).decode()}")
     if lib.dq_mode != DQ_MODES["warp"]:
@@ -128,17 +135,48 @@ def rows_of_fragments(dq32, scale, dtype):
     return out
 
 
-def summary(rows: list[dict]) -> list[str]:
-    """A markdown table of one run: a row a case, a column a provider (backward TFLOP/s, and in
-    brackets the time's ratio to cuDNN's in the same run).  Rows of a committed run that the probe
-    once named otherwise are read under their present names (``provider_now``)."""
+# Small shapes with the features the dense cases leave out: (name, query heads, K/V heads, options).
+FEATURE_CHECKS = [
+    ("GQA 4/2 causal", 4, 2, dict(causal=True)),
+    ("MQA 4/1", 4, 1, dict()),
+    ("GQA 4/2 window 100, 4 sink tokens, learned sinks", 4, 2,
+     dict(causal=True, window=100, sink_tokens=4, sinks=True)),
+    ("GQA 4/2 window 200, learned sinks", 4, 2, dict(causal=True, window=200, sinks=True)),
+]
+
+
+def feature_cases():
+    """``(name, (q, k, v, do), options, flops)`` of gpt-oss's attention, bfloat16 D64 with learned
+    sinks, causal or under a 128-key window: B1 N4096 Hq64/Hkv8 and B4 N2048 Hq16/Hkv4.  FLOPs over
+    the visible pairs (kernels.masks.count), five products: 2.5x the forward's."""
+    for b, n, hq, hkv in ((1, 4096, 64, 8), (4, 2048, 16, 4)):
+        for window in (None, 128):
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, do = (torch.randn(b, hq, n, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+            k, v = (torch.randn(b, hkv, n, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+            sinks = torch.randn(hq, device="cuda", generator=gen)
+            pairs = masks.count(masks.attention_mask(n, n, causal=True, window=window), n, n)
+            name = f"B{b} N{n} Hq{hq}/Hkv{hkv} D64 sinks {'window ' + str(window) if window else 'causal'}"
+            yield name, (q, k, v, do), dict(causal=True, window=window, sinks=sinks), 4 * b * hq * 64 * pairs * 5 // 2
+
+
+def summary(rows: list[dict], against: str = "cudnn") -> list[str]:
+    """A markdown table of one run's cases that ``against`` ran: a row a case, a column a provider
+    (backward TFLOP/s, and in brackets the time's ratio to ``against``'s in the same run).  Rows
+    of a committed run that the probe once named otherwise are read under their present names
+    (``provider_now``)."""
+    def name(r):
+        return r.get("provider_now", r["provider"])
     timed = [r for r in rows if r["bwd_ms"]]
-    providers = list(dict.fromkeys(r.get("provider_now", r["provider"]) for r in timed))
-    providers = ["cudnn"] + [p for p in providers if p != "cudnn"]
+    cases = [c for c in dict.fromkeys(r["case"] for r in timed) if any(name(r) == against for r in timed
+                                                                      if r["case"] == c)]
+    timed = [r for r in timed if r["case"] in cases]
+    providers = list(dict.fromkeys(name(r) for r in timed))
+    providers = [against] + [p for p in providers if p != against]
     lines = ["| case | " + " | ".join(providers) + " |", "| --- |" + " --- |" * len(providers)]
-    for case in dict.fromkeys(r["case"] for r in timed):
-        of = {r.get("provider_now", r["provider"]): r for r in timed if r["case"] == case}
-        ratio = {p: f" ({of['cudnn']['bwd_ms'] / of[p]['bwd_ms']:.2f}x)" for p in of if p != "cudnn"}
+    for case in cases:
+        of = {name(r): r for r in timed if r["case"] == case}
+        ratio = {p: f" ({of[against]['bwd_ms'] / of[p]['bwd_ms']:.2f}x)" for p in of if p != against}
         cells = [f"{of[p]['bwd_tflops']:.0f}{ratio.get(p, '')}" if p in of else "–" for p in providers]
         lines.append(f"| {case} | " + " | ".join(cells) + " |")
     return lines
@@ -152,10 +190,16 @@ def main() -> int:
                         "consumers' TMA reduce-add from one or two buffers), warp1 or warp2 (a writer "
                         "warp's), or atomic; then -early for dQ's product before dK's, -order for causal key "
                         "blocks longest first and dense ones starting at staggered query blocks; comma-separated")
+    parser.add_argument("--cases", default="dense", help="dense (B4 H16 N4096, D64 and D128, causal or not), "
+                        "features (gpt-oss's shapes: GQA, learned sinks, causal or a 128-key window, against "
+                        "the TMA backward), or both, comma-separated")
     parser.add_argument("--leave-out", action="store_true",
                         help="also time the first configuration without dQ's additions, and without dQ "
                         "(wrong by design)")
     args = parser.parse_args()
+    cases = args.cases.split(",")
+    if not cases or set(cases) - {"dense", "features"}:
+        raise SystemExit(f"--cases: {args.cases!r} is not dense, features or dense,features")
 
     runtime.tma_scratch()
     tma_f = load_file(ROOT / "solutions" / "fast_forward_tma.py")
@@ -197,8 +241,60 @@ def main() -> int:
                     save()
                     print(f"check D{d} {c} {dtype} causal={causal}: error {err:.2e} {note}", flush=True)
                     ok[d, c] &= err < _fused.MAX_ERROR
+    # Then GQA, windows, sink tokens and learned sinks, against the float64 reference.
+    for d in (64, 128):
+        for dtype in (torch.bfloat16, torch.float16):
+            for name, hq, hkv, opts in FEATURE_CHECKS:
+                gen = torch.Generator(device="cuda").manual_seed(2)
+                q, do = (torch.randn(1, hq, 384, d, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+                k, v = (torch.randn(1, hkv, 384, d, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+                sinks = torch.randn(hq, device="cuda", generator=gen) if opts.get("sinks") else None
+                mask = dict(causal=opts.get("causal", False), window=opts.get("window"),
+                            sink_tokens=opts.get("sink_tokens", 0))
+                o, lse = tma_f.flash_attention(q, k, v, sinks=sinks, **mask)
+                want = reference.attention_grads(q, k, v, do, sinks=sinks, **mask)[1:4]
+                for c in configs:
+                    try:
+                        got = backward(libs[d, c], q, k, v, o, lse, do, mask["causal"], preprocess,
+                                       mask["window"] or 0, mask["sink_tokens"], sinks)
+                        err, note = _fused._error(got, want), ""
+                    except Exception as e:       # a probe reports and goes on
+                        err, note = float("inf"), f"{type(e).__name__}: {str(e)[:300]}"
+                    doc["checks"].append(dict(d=d, config=c, dtype=str(dtype), case=name, error=err, note=note))
+                    save()
+                    print(f"check D{d} {c} {dtype} {name}: error {err:.2e} {note}", flush=True)
+                    ok[d, c] &= err < _fused.MAX_ERROR
 
-    for d, causal, name, (q, k, v, do), flops in _fused.dense_cases():
+    # gpt-oss's cases first, then the dense ones.
+    for name, (q, k, v, do), opts, flops in (feature_cases() if "features" in cases else ()):
+        start = time.time()
+        sinks = opts.pop("sinks")
+        o, lse = tma_f.flash_attention(q, k, v, sinks=sinks, **opts)
+        print(name, flush=True)
+        theirs = tma_b.flash_attention_backward(q, k, v, o, lse, do, sinks=sinks, **opts)[:3]
+
+        def record(provider, ms, note=""):
+            row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
+                       bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
+            doc["rows"].append(row)
+            save()
+            print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
+        for c in configs:
+            if not ok[64, c]:
+                record(f"wgmma-{c}", None, "not timed: wrong on the small checks")
+                continue
+
+            def run(lib=libs[64, c]):
+                return backward(lib, q, k, v, o, lse, do, True, preprocess, opts["window"] or 0, 0, sinks)
+            err = _fused._error(run(), theirs)
+            if err > _fused.MAX_ERROR:
+                record(f"wgmma-{c}", None, f"WRONG, relative difference from the TMA backward {err:.2e}")
+                continue
+            record(f"wgmma-{c}", _fused.bench(run), f"difference from the TMA backward {err:.1e}")
+        record("tma", _fused.bench(lambda: tma_b.flash_attention_backward(q, k, v, o, lse, do, sinks=sinks, **opts)))
+        print(f"  ({time.time() - start:.0f} s)", flush=True)
+
+    for d, causal, name, (q, k, v, do), flops in (_fused.dense_cases() if "dense" in cases else ()):
         start = time.time()
         o, lse = tma_f.flash_attention(q, k, v, causal=causal)
         want = _fused._reference(q, k, v, do, causal)
@@ -234,6 +330,9 @@ def main() -> int:
 
     print()
     print("\n".join(summary(doc["rows"])))
+    if "features" in cases:
+        print()
+        print("\n".join(summary([r for r in doc["rows"] if "Hkv" in r["case"]], against="tma")))
     return 0
 
 
