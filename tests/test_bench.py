@@ -700,3 +700,46 @@ def test_section_13_tables_are_the_committed_probe():
     without, with_ = ms("3", "wgmma-leave-out-1"), ms("3", best)
     cost = [1 - without[c] / with_[c] for c in with_]
     assert f"they take {span([100 * c for c in cost], '{:.0f}')}% of its time" in flat
+
+
+def test_section_14_tables_are_the_committed_probe():
+    """docs/hopper-notes.md's section 14: the one pass with GQA, windows and sinks, its two tables
+    from the committed JSON through the probe's summary, and the ranges it states, some set
+    against section 13's runs."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = notes[notes.index("## 14."):notes.index("## From stage 9")]
+    doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-features-h200.json").read_text())
+    before = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-writer-h200.json").read_text())
+    assert _names_its_run(section, doc) and doc["command"] in " ".join(section.split())
+    probe = _probe("wgmma_backward")
+    for line in probe.summary(doc["rows"]) + probe.summary([r for r in doc["rows"] if "Hkv" in r["case"]], "tma"):
+        assert line in section, line
+    assert all(c["error"] < 2e-2 for c in doc["checks"]) and len({c.get("case") for c in doc["checks"]}) == 5
+    worst = max(c["error"] for c in doc["checks"] if "case" in c)
+    flat = " ".join(section.split())
+    assert f"largest error {100 * worst:.2f}% of the largest gradient" in flat
+    best = "wgmma-2x2-warp1-early"
+    ms = {(r["case"], r["provider"]): r["bwd_ms"] for r in doc["rows"]}
+
+    def ratio(case, against):
+        return f"{ms[case, against] / ms[case, best]:.2f}x"
+    b4, b1 = "B4 N2048 Hq16/Hkv4 D64 sinks", "B1 N4096 Hq64/Hkv8 D64 sinks"
+    assert f"{ratio(b4 + ' causal', 'tma')} the TMA backward at B4 N2048 Hq16/Hkv4 causal" in flat
+    assert f"{ratio(b4 + ' window 128', 'tma')} under a 128-key window" in flat
+    assert f"({ratio(b1 + ' causal', 'tma')} causal, {ratio(b1 + ' window 128', 'tma')} under the window)" in flat
+    dense = [f"B4 H16 N4096 D{d}" for d in (64, 128)]
+    causal = [c + " causal" for c in dense]
+    assert f"{ratio(dense[0], 'cudnn')} and {ratio(dense[1], 'cudnn')} cuDNN without a mask" in flat
+    assert f"but {ratio(causal[0], 'cudnn')} and {ratio(causal[1], 'cudnn')} causal" in flat
+
+    def span(values, fmt="{:.2f}"):
+        return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+    def section_13(of):                 # (case, the best's ms, cuDNN's ms) of section 13's runs, for cases ``of``
+        for run in before["runs"]:
+            mine = {(r["case"], r["provider"]): r["bwd_ms"] for r in run["rows"]}
+            yield from ((c, mine[c, best], mine[c, "cudnn"]) for c in of if (c, best) in mine)
+    assert f"without a mask ({span([u / t for _, t, u in section_13(dense)])}x in section 13's runs)" in flat
+    assert f"causal ({span([u / t for _, t, u in section_13(causal)])}x there)" in flat
+    less = [100 * (1 - t / ms[c, best]) for c, t, _ in section_13(causal)]
+    assert f"13's kernel took {span(less, '{:.0f}')}% less time on them" in flat
