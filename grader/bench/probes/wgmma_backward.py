@@ -222,6 +222,16 @@ def main() -> int:
     def save():
         Path(args.json).write_text(json.dumps(doc, indent=1))
 
+    def recorder(name, flops):
+        """``record(provider, ms, note)``: keeps (and prints) a row of case ``name``."""
+        def record(provider, ms, note=""):
+            row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
+                       bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
+            doc["rows"].append(row)
+            save()
+            print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
+        return record
+
     # Small shapes first, both dtypes: a wrong kernel stops here.
     ok = dict.fromkeys(libs, True)
     for d in (64, 128):
@@ -272,13 +282,7 @@ def main() -> int:
         o, lse = tma_f.flash_attention(q, k, v, sinks=sinks, **opts)
         print(name, flush=True)
         theirs = tma_b.flash_attention_backward(q, k, v, o, lse, do, sinks=sinks, **opts)[:3]
-
-        def record(provider, ms, note=""):
-            row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
-                       bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
-            doc["rows"].append(row)
-            save()
-            print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
+        record = recorder(name, flops)
         for c in configs:
             if not ok[64, c]:
                 record(f"wgmma-{c}", None, "not timed: wrong on the small checks")
@@ -298,14 +302,7 @@ def main() -> int:
         start = time.time()
         o, lse = tma_f.flash_attention(q, k, v, causal=causal)
         want = _fused._reference(q, k, v, do, causal)
-
-        def record(provider, ms, note=""):
-            row = dict(case=name, provider=provider, bwd_ms=ms, note=note,
-                       bwd_tflops=round(flops / ms / 1e9, 1) if ms else None)
-            doc["rows"].append(row)
-            save()
-            print(f"  {provider:13s} {ms or 0:7.3f} ms  {row['bwd_tflops']} TFLOP/s  {note}", flush=True)
-
+        record = recorder(name, flops)
         print(name, flush=True)
         for c in configs:
             if not ok[d, c]:
