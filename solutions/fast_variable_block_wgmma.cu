@@ -78,10 +78,15 @@ struct Config {
     static constexpr int BM = 64 * WG;
     static constexpr int CONSUMERS = 128 * WG;          // the warpgroups that compute
     static constexpr int THREADS = CONSUMERS + 128;     // + a producer warpgroup (one thread issues the loads)
-    // setmaxnreg moves registers from the producer to the consumers: 65536 per SM, one block.
+    // setmaxnreg moves registers from the producer to the consumers, within what the block was
+    // launched with: the most a thread may have under __launch_bounds__ (at most 255, in steps of
+    // 8) times the threads.  A consumer that asks for more than is left waits for ever.
     static constexpr int PRODUCER_REGS = 24;
-    static constexpr int CONSUMER_REGS_FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+    static constexpr int LAUNCH_REGS = (65536 / THREADS < 255 ? 65536 / THREADS : 255) / 8 * 8;
+    static constexpr int CONSUMER_REGS_FIT = (LAUNCH_REGS * THREADS - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT > 256 ? 256 : CONSUMER_REGS_FIT;
+    static_assert(128 * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= LAUNCH_REGS * THREADS,
+                  "setmaxnreg would ask for more registers than the block has");
     static constexpr int Q_BYTES = PANELS * BM * 128;
     static constexpr int KV_BYTES = PANELS * BN * 128;  // one K or V tile
     static constexpr int SMEM_BYTES = Q_BYTES + 2 * NS * KV_BYTES + 1024;   // + alignment slack
