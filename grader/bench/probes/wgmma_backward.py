@@ -234,23 +234,27 @@ def main() -> int:
 
     # Small shapes first, both dtypes: a wrong kernel stops here.
     ok = dict.fromkeys(libs, True)
+
+    def check(d, fields, want, run):
+        """``run(lib)``'s gradients against ``want`` for every configuration at head dim ``d``,
+        kept as a check row with ``fields``; a configuration off by more than MAX_ERROR is not timed."""
+        for c in configs:
+            try:
+                err, note = _fused._error(run(libs[d, c]), want), ""
+            except Exception as e:               # a probe reports and goes on
+                err, note = float("inf"), f"{type(e).__name__}: {str(e)[:300]}"
+            doc["checks"].append(dict(d=d, config=c, **fields, error=err, note=note))
+            save()
+            print(f"check D{d} {c} {' '.join(map(str, fields.values()))}: error {err:.2e} {note}", flush=True)
+            ok[d, c] &= err < _fused.MAX_ERROR
     for d in (64, 128):
         for dtype in (torch.bfloat16, torch.float16):
             for causal in (False, True):
                 gen = torch.Generator(device="cuda").manual_seed(1)
                 q, k, v, do = (torch.randn(2, 3, 384, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
                 o, lse = tma_f.flash_attention(q, k, v, causal=causal)
-                want = _fused._reference(q, k, v, do, causal)
-                for c in configs:
-                    try:
-                        got = backward(libs[d, c], q, k, v, o, lse, do, causal, preprocess)
-                        err, note = _fused._error(got, want), ""
-                    except Exception as e:       # a probe reports and goes on
-                        err, note = float("inf"), f"{type(e).__name__}: {str(e)[:300]}"
-                    doc["checks"].append(dict(d=d, config=c, dtype=str(dtype), causal=causal, error=err, note=note))
-                    save()
-                    print(f"check D{d} {c} {dtype} causal={causal}: error {err:.2e} {note}", flush=True)
-                    ok[d, c] &= err < _fused.MAX_ERROR
+                check(d, dict(dtype=str(dtype), causal=causal), _fused._reference(q, k, v, do, causal),
+                      lambda lib: backward(lib, q, k, v, o, lse, do, causal, preprocess))
     # Then GQA, windows, sink tokens and learned sinks, against the float64 reference.
     for d in (64, 128):
         for dtype in (torch.bfloat16, torch.float16):
@@ -262,18 +266,10 @@ def main() -> int:
                 mask = dict(causal=opts.get("causal", False), window=opts.get("window"),
                             sink_tokens=opts.get("sink_tokens", 0))
                 o, lse = tma_f.flash_attention(q, k, v, sinks=sinks, **mask)
-                want = reference.attention_grads(q, k, v, do, sinks=sinks, **mask)[1:4]
-                for c in configs:
-                    try:
-                        got = backward(libs[d, c], q, k, v, o, lse, do, mask["causal"], preprocess,
-                                       mask["window"] or 0, mask["sink_tokens"], sinks)
-                        err, note = _fused._error(got, want), ""
-                    except Exception as e:       # a probe reports and goes on
-                        err, note = float("inf"), f"{type(e).__name__}: {str(e)[:300]}"
-                    doc["checks"].append(dict(d=d, config=c, dtype=str(dtype), case=name, error=err, note=note))
-                    save()
-                    print(f"check D{d} {c} {dtype} {name}: error {err:.2e} {note}", flush=True)
-                    ok[d, c] &= err < _fused.MAX_ERROR
+                check(d, dict(dtype=str(dtype), case=name),
+                      reference.attention_grads(q, k, v, do, sinks=sinks, **mask)[1:4],
+                      lambda lib: backward(lib, q, k, v, o, lse, do, mask["causal"], preprocess,
+                                           mask["window"] or 0, mask["sink_tokens"], sinks))
 
     # gpt-oss's cases first, then the dense ones.
     for name, (q, k, v, do), opts, flops in (feature_cases() if "features" in cases else ()):
