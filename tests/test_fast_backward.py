@@ -8,6 +8,7 @@ long sequences, where the autotuner picks the tiles.
 
 import ctypes
 import re
+import subprocess
 
 from kernels import cuda_build, reference, runtime, tolerance
 from kernels.loader import ROOT, load_file
@@ -249,3 +250,32 @@ def test_the_writer_warps_fragment_order_is_put_back_in_rows(d):
     got = probe.rows_of_fragments(stored.reshape(B, H, N, d), 0.5, torch.float32)
     assert got.is_contiguous() and torch.equal(got, rows * 0.5)
     assert probe.rows_of_fragments(stored.reshape(B, H, N, d), 1.0, torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
+@pytest.mark.parametrize("d", [64, 128])
+def test_no_branch_an_element_while_a_product_is_in_flight(d, tmp_path):
+    """Between the wait for S^T and the wait for dP^T, while dP^T multiplies, the one pass turns S^T
+    into P^T.  Where the workbook's rule cuts the block it masks each element; if that test becomes
+    a branch per element (as a window test written with && and || once did: 64 of them), the warps
+    stall there.  In the PTX for sm_90a a masked kernel may branch at most 3 times in that stretch
+    (choosing the masked or the plain loop), and a dense one not at all."""
+    probe = load_file(WGMMA_PROBE)
+    ptx = tmp_path / "backward.ptx"
+    done = subprocess.run(probe.nvcc_command(d, "2x2-warp1-early") + ["-ptx", "-o", str(ptx)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = ptx.read_text()
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"\.entry (\S+)\(", text)]
+    counted = {}
+    for i, (start, name) in enumerate(starts):
+        if "bwdw" not in name:
+            continue
+        body = text[start:starts[i + 1][0] if i + 1 < len(starts) else len(text)]
+        s_ready = body.index("wgmma.wait_group.sync.aligned 1")
+        dp_ready = body.index("wgmma.wait_group.sync.aligned 0", s_ready)
+        counted[name] = len(re.findall(r"\bbra(\.uni)?\s", body[s_ready:dp_ready]))
+    assert len(counted) == 4, counted            # float16 and bfloat16, dense and causal
+    for name, branches in counted.items():
+        assert branches <= (3 if name.endswith("Lb1EEEvNS_6ParamsE") else 0), counted

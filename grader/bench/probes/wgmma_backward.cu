@@ -33,6 +33,8 @@
 // the preprocess's).  Minimal on purpose: contiguous tensors, N a multiple of 128, D 64 or 128.
 // The wgmma and TMA helpers are the forward's (solutions/fast_variable_block_wgmma.cu), included whole.
 
+#include <type_traits>
+
 #include "fast_variable_block_wgmma.cu"
 
 #ifndef BWD_STAGES
@@ -266,6 +268,9 @@ backward_kernel(const __grid_constant__ Params p) {
     };
     auto cols_desc = [&](uint32_t tile, int rows, int kk) { return descriptor(tile + kk * 2048, rows * 128, 1024); };
     const int c0 = wg * DH;                               // this warpgroup's dQ columns
+    // The window in keys (none: wider than any row), and which of this thread's two key rows are sink tokens.
+    const int window = p.window > 0 ? p.window : 1 << 30;
+    const bool sink_row[2] = {n0 + krow < p.sink_tokens, n0 + krow + 8 < p.sink_tokens};
     const uint32_t sK_dq = sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2;
 
     mbar_wait(bar_kv, 0);
@@ -285,21 +290,28 @@ backward_kernel(const __grid_constant__ Params p) {
         const float* delta = lse + BM;
         wgmma_wait<1>();
         hold(st);
-        const bool need_mask = CAUSAL && !(m >= full_lo && m + BM <= full_hi);
-        #pragma unroll
-        for (int j = 0; j < BM / 8; ++j) {
-            const float2 l2 = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * t);
+        // P^T = exp2(S^T scale log2(e) - lse log2(e)), then, in blocks that the rule cuts, the
+        // workbook's rule (causal, and in the window or a sink token) by bitwise tests and a select.
+        // One uniform branch picks the loop, so nothing branches per element while dP multiplies.
+        auto probabilities = [&](auto masked) {
             #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float l = (e & 1) ? l2.y : l2.x;
-                float x = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -l * LOG2E_F));
-                if (need_mask) {                  // the workbook's rule: causal, and in the window or a sink token
-                    const int key = n0 + krow + (e >> 1) * 8, diag = m + 8 * j + 2 * t + (e & 1) + offset;
-                    if (key > diag || (p.window > 0 && key <= diag - p.window && key >= p.sink_tokens)) x = 0.f;
+            for (int j = 0; j < BM / 8; ++j) {
+                const float2 l2 = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * t);
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float x = fast_exp2(fmaf(st[4 * j + e], p.scale_log2, -((e & 1) ? l2.y : l2.x) * LOG2E_F));
+                    if constexpr (decltype(masked)::value) {
+                        const int key = n0 + krow + (e >> 1) * 8, diag = m + 8 * j + 2 * t + (e & 1) + offset;
+                        const bool seen = (key <= diag) & ((key > diag - window) | sink_row[e >> 1]);
+                        st[4 * j + e] = seen ? x : 0.f;
+                    } else {
+                        st[4 * j + e] = x;
+                    }
                 }
-                st[4 * j + e] = x;
             }
-        }
+        };
+        if (CAUSAL && !(m >= full_lo && m + BM <= full_hi)) probabilities(std::true_type{});
+        else probabilities(std::false_type{});
         wgmma_wait<0>();
         hold(dpt);
         #pragma unroll

@@ -65,18 +65,23 @@ def parse_config(text: str) -> tuple[int, int, int, int, int]:
     return int(stages), mode, int(dq[-1]) if mode else 0, int(bool(early)), int(bool(order))
 
 
+def nvcc_command(d: int, config: str, leave_out: int = 0) -> list[str]:
+    """nvcc's command line for one head dim and configuration, less what it makes and where."""
+    stages, dq_mode, buffers, early, order = parse_config(config)
+    return [cuda_build.nvcc(), "-O3", "-std=c++17", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a",
+            f"-I{ROOT / 'solutions'}", f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_mode}",
+            f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_DQ_EARLY={early}", f"-DBWD_ORDER={order}",
+            f"-DBWD_LEAVE_OUT={leave_out}", str(CU_FILE)]
+
+
 def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
     """Compile the kernel for one head dim and configuration (ptxas's report printed); ``leave_out``
     1 or 2 builds a diagnostic without dQ's additions, or without its product too."""
-    stages, dq_mode, buffers, early, order = parse_config(config)
+    dq_mode = parse_config(config)[1]
     folder.mkdir(parents=True, exist_ok=True)
     lib = folder / f"wgmma_backward_d{d}_{config}_l{leave_out}.so"
-    cmd = [cuda_build.nvcc(), "-O3", "-std=c++17", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a",
-           "-Xptxas", "-v", "--shared", "-Xcompiler", "-fPIC", "-cudart", "shared", f"-I{ROOT / 'solutions'}",
-           f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_mode}",
-           f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_DQ_EARLY={early}", f"-DBWD_ORDER={order}",
-           f"-DBWD_LEAVE_OUT={leave_out}",
-           str(CU_FILE), "-o", str(lib)]
+    cmd = nvcc_command(d, config, leave_out) + ["-Xptxas", "-v", "--shared", "-Xcompiler", "-fPIC",
+                                                "-cudart", "shared", "-o", str(lib)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError("nvcc failed:\n" + done.stderr[-3000:])
