@@ -80,3 +80,15 @@ def block_size(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
     return value
+
+
+def backward_inputs(q, o, lse, do) -> None:
+    """o and do of q's shape and dtype, lse the forward's float32 (B, Hq, Nq): a fast backward's
+    checks beyond ``attention_inputs``."""
+    for name, x in (("o", o), ("do", do)):
+        if not isinstance(x, torch.Tensor) or x.shape != q.shape or x.dtype != q.dtype:
+            raise ValueError(f"{name} must be a {q.dtype} tensor of q's shape {tuple(q.shape)}, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not isinstance(lse, torch.Tensor) or lse.shape != q.shape[:3] or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be the forward's float32 tensor of shape {tuple(q.shape[:3])}, got "
+                         f"{tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__}")

@@ -285,13 +285,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
         raise ValueError(f"head_dim is {D}: the TMA variant takes head dims that are powers of two (a TMA tile has "
                          f"no padding columns); stage 9's flash_attention_backward pads the others")
     runtime.check_dtype(q.dtype)
-    for name, x in (("o", o), ("do", do)):
-        if not isinstance(x, torch.Tensor) or x.shape != q.shape or x.dtype != q.dtype:
-            raise ValueError(f"{name} must be a {q.dtype} tensor of q's shape {tuple(q.shape)}, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if not isinstance(lse, torch.Tensor) or lse.shape != (B, Hq, Nq) or lse.dtype != torch.float32:
-        raise ValueError(f"lse must be the forward's float32 tensor of shape {(B, Hq, Nq)}, got "
-                         f"{tuple(lse.shape) if isinstance(lse, torch.Tensor) else type(lse).__name__}")
+    validate.backward_inputs(q, o, lse, do)
     block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
     group = Hq // Hkv

@@ -2,15 +2,16 @@
 
 Sections 6 and 9 of docs/hopper-notes.md found the two-kernel Triton backward multiplying at
 nearly cuDNN's rate but doing seven matrix products a tile to cuDNN's five, and two one-pass
-Triton kernels slower still. ``wgmma_backward.cu`` (beside this file) is the one pass written by
-hand: a producer warpgroup feeding Q, dO, lse and delta through a TMA ring, two consumer
-warpgroups that own 64 keys each, dS shared between them through shared memory for dQ, and dQ
-added into a float32 buffer that every key block of a row shares: by the TMA's reduce-add from
-one or two buffers in shared memory a warpgroup (``tma1``, ``tma2``), by vector atomics from the
-registers (``atomic``), or stored in fragment order for a writer warp to add (``warp1``,
-``warp2``). ``-early`` puts dQ's product before dK's so that dQ is stored while dK runs;
-``-order`` launches causal key blocks longest first and starts dense ones at staggered query blocks.
-Minimal: dense or causal, as many K/V heads as query heads, N a multiple of 128, D 64 or 128.
+Triton kernels slower still. ``solutions/fast_backward_wgmma.cu`` is the one pass written by
+hand (its defaults, ``2x2-warp1-early``, are the fast path's): a producer warpgroup feeding Q,
+dO, lse and delta through a TMA ring, two consumer warpgroups that own 64 keys each, dS shared
+between them through shared memory for dQ, and dQ added into a float32 buffer that every key
+block of a row shares: by the TMA's reduce-add from one or two buffers in shared memory a
+warpgroup (``tma1``, ``tma2``), by vector atomics from the registers (``atomic``), or stored in
+fragment order for a writer warp to add (``warp1``, ``warp2``). ``-early`` puts dQ's product
+before dK's so that dQ is stored while dK runs; ``-order`` launches causal key blocks longest
+first and starts dense ones at staggered query blocks.
+Each variant runs through solutions/fast_backward_wgmma.py's ``flash_attention_backward``.
 ``--leave-out`` also times the first configuration built without dQ's additions, and without dQ
 altogether: diagnostics whose gradients are wrong by design, to show what the additions cost.
 
@@ -19,10 +20,10 @@ gradient); only a correct kernel is timed.  Times include stage 9's preprocess (
 the float32 dQ and converting it, beside solutions/fast_backward_tma.py's backward and SDPA's
 cuDNN backward, every provider on the same inputs in the same run:
 
-    python grader/bench/probes/wgmma_backward.py [--configs 2x2-tma2,2x2-atomic] [--leave-out] [--json PATH]
+    python grader/bench/probes/wgmma_backward.py [--configs 2x2-warp1-early,2x2-tma2] [--leave-out] [--json PATH]
                                                                    (an sm_90 GPU and nvcc)
 
-tests/test_fast_backward.py compiles each kind of variant for sm_90a, which needs no GPU.
+tests/test_fast_backward_wgmma.py compiles each kind of variant for sm_90a, which needs no GPU.
 """
 from __future__ import annotations
 
@@ -45,11 +46,12 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-CU_FILE = HERE / "wgmma_backward.cu"
+fast = load_file(ROOT / "solutions" / "fast_backward_wgmma.py")
+CU_FILE = fast.CU_FILE
 _fused = load_file(HERE / "fused_dq_backward.py")     # its inputs, float32 reference and error measure
 
 
-DQ_MODES = {"atomic": 0, "tma": 1, "warp": 2}     # how dQ is added: BWD_DQ_TMA in wgmma_backward.cu
+DQ_MODES = {"atomic": 0, "tma": 1, "warp": 2}     # how dQ is added: BWD_DQ_TMA in solutions/fast_backward_wgmma.cu
 
 
 def parse_config(text: str) -> tuple[int, int, int, int, int]:
@@ -67,17 +69,16 @@ def parse_config(text: str) -> tuple[int, int, int, int, int]:
 
 def nvcc_command(d: int, config: str, leave_out: int = 0) -> list[str]:
     """nvcc's command line for one head dim and configuration, less what it makes and where."""
-    stages, dq_mode, buffers, early, order = parse_config(config)
+    stages, dq_mode, buffers, early, _ = parse_config(config)      # the order is chosen per call
     return [cuda_build.nvcc(), "-O3", "-std=c++17", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a",
             f"-I{ROOT / 'solutions'}", f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_mode}",
-            f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_DQ_EARLY={early}", f"-DBWD_ORDER={order}",
-            f"-DBWD_LEAVE_OUT={leave_out}", str(CU_FILE)]
+            f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_DQ_EARLY={early}", f"-DBWD_LEAVE_OUT={leave_out}",
+            str(CU_FILE)]
 
 
 def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
     """Compile the kernel for one head dim and configuration (ptxas's report printed); ``leave_out``
     1 or 2 builds a diagnostic without dQ's additions, or without its product too."""
-    dq_mode = parse_config(config)[1]
     folder.mkdir(parents=True, exist_ok=True)
     lib = folder / f"wgmma_backward_d{d}_{config}_l{leave_out}.so"
     cmd = nvcc_command(d, config, leave_out) + ["-Xptxas", "-v", "--shared", "-Xcompiler", "-fPIC",
@@ -87,57 +88,16 @@ def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
         raise RuntimeError("nvcc failed:\n" + done.stderr[-3000:])
     print("\n".join(line for line in done.stderr.splitlines() if "warning" in line or "Used" in line)[:1500],
           flush=True)
-    out = ctypes.CDLL(str(lib))
+    out = fast.prepare(ctypes.CDLL(str(lib)))
     out.ptxas = done.stderr            # what ptxas said of it: registers, spills, serialized products
-    out.dq_mode = dq_mode
-    out.bwdw_backward.restype = ctypes.c_int
-    out.bwdw_backward.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_int] * 4 \
-        + [ctypes.c_void_p]
-    out.stage4w_error_string.restype = ctypes.c_char_p
+    out.order = parse_config(config)[4]
     return out
 
 
-def backward(lib, q, k, v, o, lse, do, causal, preprocess, window=0, sink_tokens=0, sinks=None):
-    """(dq, dk, dv) of the one-pass kernel, from the forward's o and lse (learned ``sinks`` are in
-    lse; their gradient is the preprocess's, not the kernel's)."""
-    B, H, N, D = q.shape
-    hkv = k.shape[1]
-    for name, t, want in (("q", q, q.shape), ("k", k, (B, hkv, N, D)), ("v", v, (B, hkv, N, D))):
-        if t.shape != want or not t.is_contiguous():
-            raise ValueError(f"{name}: the probe's kernel takes contiguous (B, H, N, D) tensors, K/V heads "
-                             f"dividing q's, got shape {tuple(t.shape)}, strides {t.stride()}")
-    if N % 128 or D not in (64, 128):
-        raise ValueError(f"q: N must be a multiple of 128 and D 64 or 128, got N={N}, D={D}")
-    if hkv < 1 or H % hkv:
-        raise ValueError(f"k: its {hkv} heads must divide q's {H}")
-    if window and not causal:
-        raise ValueError("window: the workbook's sliding window comes with causal=True")
-    delta, _ = preprocess(o, do, lse, sinks)
-    do = do.contiguous()
-    dq32 = torch.zeros(B, H, N, D, device=q.device, dtype=torch.float32)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    scale = D ** -0.5
-    err = lib.bwdw_backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(),
-                            delta.data_ptr(), dq32.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, H, hkv, N, N, D, scale,
-                            0 if q.dtype == torch.float16 else 1, int(causal), int(window or 0), int(sink_tokens),
-                            torch.cuda.current_stream().cuda_stream)
-    if err:
-        raise RuntimeError(f"bwdw_backward: {lib.stage4w_error_string(err).decode()}")
-    if lib.dq_mode != DQ_MODES["warp"]:
-        return (dq32 * scale).to(q.dtype), dk, dv
-    return rows_of_fragments(dq32, scale, q.dtype), dk, dv
-
-
-def rows_of_fragments(dq32, scale, dtype):
-    """dQ in rows, scaled, from the writer warp's fragment order: in each 64-row tile, the half of
-    the columns warpgroup w owns is stored as [j][warp][g][t][i][e] for row 16 warp + 8 i + g and
-    column 8 j + 2 t + e of the half (one conversion kernel, as in the other modes)."""
-    B, H, N, D = dq32.shape
-    tiles = dq32.view(B, H, N // 64, 2, D // 16, 4, 8, 4, 2, 2)       # b h tile w j warp g t i e
-    out = torch.empty(B, H, N, D, device=dq32.device, dtype=dtype)
-    torch.mul(tiles.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9), scale,
-              out=out.view(B, H, N // 64, 4, 2, 8, 2, D // 16, 4, 2))
-    return out
+def backward(lib, q, k, v, o, lse, do, causal, window=0, sink_tokens=0, sinks=None):
+    """(dq, dk, dv) of one variant, from the forward's o and lse, through the fast path's wrapper."""
+    return fast.flash_attention_backward(q, k, v, o, lse, do, causal=causal, window=window or None,
+                                         sink_tokens=sink_tokens, sinks=sinks, order=lib.order, lib=lib)[:3]
 
 
 # Small shapes with the features the dense cases leave out: (name, query heads, K/V heads, options).
@@ -190,7 +150,7 @@ def summary(rows: list[dict], against: str = "cudnn") -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "wgmma-backward.json"))
-    parser.add_argument("--configs", default="2x2-tma2,2x2-atomic",
+    parser.add_argument("--configs", default="2x2-warp1-early,2x2-warp1-early-order",
                         help="consumer warpgroups (2) x ring stages, then how dQ is added: tma1 or tma2 (the "
                         "consumers' TMA reduce-add from one or two buffers), warp1 or warp2 (a writer "
                         "warp's), or atomic; then -early for dQ's product before dK's, -order for causal key "
@@ -209,7 +169,6 @@ def main() -> int:
     runtime.tma_scratch()
     tma_f = load_file(ROOT / "solutions" / "fast_forward_tma.py")
     tma_b = load_file(ROOT / "solutions" / "fast_backward_tma.py")
-    preprocess = tma_b._stage9.backward_preprocess
     folder = Path(os.environ.get("OUT", "/tmp")) / "wgmma-backward-build"
     doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                nvcc=".".join(map(str, cuda_build.nvcc_release() or ())), rows=[], checks=[])
@@ -259,7 +218,7 @@ def main() -> int:
                 q, k, v, do = (torch.randn(2, 3, 384, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
                 o, lse = tma_f.flash_attention(q, k, v, causal=causal)
                 check(d, dict(dtype=str(dtype), causal=causal), _fused._reference(q, k, v, do, causal),
-                      lambda lib: backward(lib, q, k, v, o, lse, do, causal, preprocess))
+                      lambda lib: backward(lib, q, k, v, o, lse, do, causal))
     # Then GQA, windows, sink tokens and learned sinks, against the float64 reference.
     for d in (64, 128):
         for dtype in (torch.bfloat16, torch.float16):
@@ -273,8 +232,8 @@ def main() -> int:
                 o, lse = tma_f.flash_attention(q, k, v, sinks=sinks, **mask)
                 check(d, dict(dtype=str(dtype), case=name),
                       reference.attention_grads(q, k, v, do, sinks=sinks, **mask)[1:4],
-                      lambda lib: backward(lib, q, k, v, o, lse, do, mask["causal"], preprocess,
-                                           mask["window"] or 0, mask["sink_tokens"], sinks))
+                      lambda lib: backward(lib, q, k, v, o, lse, do, mask["causal"], mask["window"] or 0,
+                                           mask["sink_tokens"], sinks))
 
     # gpt-oss's cases first, then the dense ones.
     for name, (q, k, v, do), opts, flops in (feature_cases() if "features" in cases else ()):
@@ -290,7 +249,7 @@ def main() -> int:
                 continue
 
             def run(lib=libs[64, c]):
-                return backward(lib, q, k, v, o, lse, do, True, preprocess, opts["window"] or 0, 0, sinks)
+                return backward(lib, q, k, v, o, lse, do, True, opts["window"] or 0, 0, sinks)
             err = _fused._error(run(), theirs)
             if err > _fused.MAX_ERROR:
                 record(f"wgmma-{c}", None, f"WRONG, relative difference from the TMA backward {err:.2e}")
@@ -311,7 +270,7 @@ def main() -> int:
                 continue
 
             def run(lib=libs[d, c]):
-                return backward(lib, q, k, v, o, lse, do, causal, preprocess)
+                return backward(lib, q, k, v, o, lse, do, causal)
             err = _fused._error(run(), want)
             if err > _fused.MAX_ERROR:
                 record(f"wgmma-{c}", None, f"WRONG, relative error {err:.2e}")
@@ -320,7 +279,7 @@ def main() -> int:
         for n, what in ((1, "no dQ additions"), (2, "no dQ")):
             if (d, n) in diagnostics:
                 def wrong(lib=diagnostics[d, n]):
-                    return backward(lib, q, k, v, o, lse, do, causal, preprocess)
+                    return backward(lib, q, k, v, o, lse, do, causal)
                 record(f"wgmma-leave-out-{n}", _fused.bench(wrong),
                        f"diagnostic, {what} (gradients wrong by design), configuration {configs[0]}")
         _fused.baselines(record, tma_b, q, k, v, o, lse, do, causal, want)

@@ -1,17 +1,19 @@
-// Probe: one pass of the attention backward for Hopper (sm_90a), written with wgmma and the TMA.
-// grader/bench/probes/wgmma_backward.py builds it, checks it against float32 SDPA and times it.
+// The attention backward in one pass for Hopper (sm_90a), written with wgmma and the TMA: the
+// fast path beside stage 9's three Triton kernels.  solutions/fast_backward_wgmma.py builds it
+// and calls it; solutions/attention_op runs it where its plan times it faster than the TMA
+// backward; grader/bench/probes/wgmma_backward.py builds the variants below and times them.
 //
-// What the two-kernel Triton backward (solutions/fast_backward_tma.py) does in seven matrix
-// products a tile, this kernel does in five, as FlashAttention-2 and -3 do: each thread block
-// owns BN = 64 x WARPGROUPS keys, keeps their K and V in shared memory, walks the query blocks
+// What changes from stage 9, and why.  Stage 9 (and solutions/fast_backward_tma.py) computes dK
+// and dV in one kernel and dQ in another, recomputing S and dP in each: seven matrix products a
+// tile.  Here, as in FlashAttention-2 and -3, one kernel does five: each thread block owns
+// BN = 64 x WARPGROUPS keys, keeps their K and V in shared memory, walks the query blocks
 // (64 rows each) that see them and, per block,
 //
 //     S^T  = K Q^T            dP^T = V dO^T            (shared x shared)
 //     P^T  = exp(scale S^T - lse)                      dS^T = P^T (dP^T - delta)
 //     dV  += P^T dO           dK  += dS^T Q            (P^T and dS^T from registers)
 //     dQ  += dS K             (dS^T through shared memory, read transposed; added into a
-//                              float32 buffer that every key block of the row shares, by the
-//                              TMA's reduce-add from shared memory, or by vector atomics)
+//                              float32 buffer that every key block of the row shares)
 //
 // Consumer warpgroup w owns keys 64 w .. 64 w + 63 of the block; for dQ the warpgroups split
 // the head dim instead (w takes columns w D / 2 ..), so each reads both warpgroups' dS: a
@@ -19,18 +21,24 @@
 // written while the other warpgroup still reads this one.  A producer warpgroup (one thread)
 // brings K and V once and Q, dO, lse and delta of each query block through a ring of STAGES.
 //
-// With BWD_DQ_TMA 2 the consumers only store dQ: each thread its own float32 fragments, in
-// the order the registers hold them (conflict-free 16-byte stores, a warp's 512 bytes in a row),
-// and a writer warp of the producer warpgroup hands each buffer to the bulk copy engine's
+// dQ's additions are what a one-pass backward pays for (docs/hopper-notes.md, sections 12-13).
+// By default (BWD_DQ_TMA 2) the consumers only store dQ: each thread its own float32 fragments,
+// in the order the registers hold them (conflict-free 16-byte stores, a warp's 512 bytes in a
+// row), and a writer warp of the producer warpgroup hands each buffer to the bulk copy engine's
 // reduce-add, which adds it, bytes in the same order, into the float32 buffer.  That buffer then
 // holds dQ tile by tile in fragment order, and the caller puts it back in rows (a permutation:
-// see wgmma_backward.py).  Named barriers say when a buffer is full and when it is read.
+// see fast_backward_wgmma.py).  Named barriers say when a buffer is full and when it is read.
+// dQ's product is issued before dK's (BWD_DQ_EARLY), so that dQ is stored while dK multiplies.
+// The other modes are the probe's, kept to time against: 0 vector atomics from the registers, 1
+// the consumers' own TMA reduce-add of rows.
 //
 // GQA: a block owns 128 keys of one K/V head and walks every query head of its group, so dK and
 // dV are summed over the group in registers.  Causal (bottom-right), a sliding window and sink
 // tokens follow the workbook's rule (kernels/masks.py) and skip query blocks as stage 9's
 // query_blocks_of does; learned sinks need nothing here (they are in lse, and their gradient is
-// the preprocess's).  Minimal on purpose: contiguous tensors, N a multiple of 128, D 64 or 128.
+// the preprocess's).  Causal grids of few blocks a head can be launched longest first (order 1),
+// so that the longest blocks do not start last.  Q, K, V, dO are read through their strides by
+// tensor maps, and dK, dV written through theirs.  Limits: N a multiple of 128, D 64 or 128.
 // The wgmma and TMA helpers are the forward's (solutions/fast_variable_block_wgmma.cu), included whole.
 
 #include <type_traits>
@@ -41,17 +49,14 @@
 #define BWD_STAGES 2
 #endif
 #ifndef BWD_DQ_TMA                        // 0: vector atomics from the registers; 1: through shared memory
-#define BWD_DQ_TMA 1                      // and the TMA's reduce-add, issued by the consumers; 2: through
+#define BWD_DQ_TMA 2                      // and the TMA's reduce-add, issued by the consumers; 2: through
 #endif                                    // shared memory in fragment order, added by a writer warp
 #ifndef BWD_DQ_BUFFERS                    // dQ buffers a warpgroup (with BWD_DQ_TMA): 1 or 2
-#define BWD_DQ_BUFFERS 2
+#define BWD_DQ_BUFFERS 1
 #endif
 #ifndef BWD_DQ_EARLY                      // 1: dQ's product goes before dK's, and dQ is stored while dK runs
-#define BWD_DQ_EARLY 0
+#define BWD_DQ_EARLY 1
 #endif
-#ifndef BWD_ORDER                         // 1: causal key blocks longest first across the heads; dense ones
-#define BWD_ORDER 0                       // each start at their own query block, so that they add into
-#endif                                    // different dQ rows at a time
 #ifndef BWD_LEAVE_OUT                     // a diagnostic, wrong by design: 1 leaves out dQ's additions,
 #define BWD_LEAVE_OUT 0                   // 2 its product too, so that their cost can be timed
 #endif
@@ -93,10 +98,12 @@ struct Params {
     const float* lse;                      // (B H, Nq), natural log
     const float* delta;                    // (B H, Nq): rowsum(dO * O)
     float* dq;                             // (B H, Nq, D) float32, zeroed; gets dS K (unscaled)
-    void* dk;                              // (B H, Nk, D)
+    void* dk;                              // (B, Hkv, Nk, D) through dk_stride, dv_stride: (batch, head, row)
     void* dv;
+    int64_t dk_stride[3], dv_stride[3];
     int H, Hkv, Nq, Nk;                    // query heads, K/V heads (H a multiple)
     int window, sink_tokens;               // (with causal) a window of this many keys, 0 for none; sink tokens
+    int order;                             // 1: causal key blocks longest first, dense ones staggered
     float scale, scale_log2;
 };
 
@@ -168,7 +175,7 @@ backward_kernel(const __grid_constant__ Params p) {
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int linear = blockIdx.x + blockIdx.y * gridDim.x;
-    const bool longest_first = BWD_ORDER && CAUSAL;
+    const bool longest_first = p.order && CAUSAL;
     const int n0 = (longest_first ? linear / gridDim.y : blockIdx.x) * BN;
     const int bkv = longest_first ? linear % gridDim.y : blockIdx.y;   // (batch, K/V head)
     const int b = bkv / p.Hkv, hkv = bkv % p.Hkv, group = p.H / p.Hkv;
@@ -189,7 +196,7 @@ backward_kernel(const __grid_constant__ Params p) {
     const int first = lo / BM;                            // the first query block that sees a key here
     const int n_m = max(0, (hi + BM - 1) / BM - first);   // query blocks a query head
     const int n_iters = group * n_m;                      // steps: every query head of the group, block by block
-    const int turn = BWD_ORDER && !CAUSAL ? (int)((int64_t)blockIdx.x * n_m / gridDim.x) : 0;
+    const int turn = p.order && !CAUSAL ? (int)((int64_t)blockIdx.x * n_m / gridDim.x) : 0;
     auto block_at = [&](int mi) {                 // the query block of step mi of a head: first + (mi + turn) mod n_m
         const int k = mi + turn;
         return first + (k >= n_m ? k - n_m : k);
@@ -424,11 +431,12 @@ backward_kernel(const __grid_constant__ Params p) {
     for (int i = 0; i < 2; ++i) {
         const int key = n0 + krow + 8 * i;
         if (key >= p.Nk) continue;
-        const int64_t at = ((int64_t)bkv * p.Nk + key) * D + 2 * t;
+        const int64_t at_v = b * p.dv_stride[0] + hkv * p.dv_stride[1] + key * p.dv_stride[2] + 2 * t;
+        const int64_t at_k = b * p.dk_stride[0] + hkv * p.dk_stride[1] + key * p.dk_stride[2] + 2 * t;
         #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-            store_pair<T>(p.dv, at + 8 * j, dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
-            store_pair<T>(p.dk, at + 8 * j, dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
+            store_pair<T>(p.dv, at_v + 8 * j, dv[4 * j + 2 * i], dv[4 * j + 2 * i + 1]);
+            store_pair<T>(p.dk, at_k + 8 * j, dk[4 * j + 2 * i] * p.scale, dk[4 * j + 2 * i + 1] * p.scale);
         }
     }
 }
@@ -449,30 +457,36 @@ cudaError_t launch(const Params& p, int batch_heads, cudaStream_t stream) {
 extern "C" {
 
 // HEAD_DIM, keys a block, threads, dynamic shared memory, registers a producer and a consumer
-// thread take with setmaxnreg.
+// thread take with setmaxnreg, how dQ is added (BWD_DQ_TMA).
 void bwdw_config(int* out) {
     using C = bwdw::Config<HEAD_DIM, bwdw::CONSUMER_WARPGROUPS, BWD_STAGES>;
     out[0] = HEAD_DIM; out[1] = C::BN; out[2] = C::THREADS; out[3] = C::SMEM_BYTES;
-    out[4] = C::PRODUCER_REGS; out[5] = C::CONSUMER_REGS;
+    out[4] = C::PRODUCER_REGS; out[5] = C::CONSUMER_REGS; out[6] = BWD_DQ_TMA;
 }
 
-// Contiguous q, do (B, H, Nq, D), k, v, dk, dv (B, Hkv, Nk, D); lse, delta (B H, Nq) float32; dq
-// (B H, Nq, D) float32, zeroed by the caller.  A window needs causal.  Returns 0 or an error code (stage4w_error_string).
+// q, do (B, H, Nq, D) and k, v, dk, dv (B, Hkv, Nk, D) through strides: 18 int64 in elements,
+// (batch, head, row) for q, k, v, do, dk, dv; the head-dim stride is 1, the others multiples of
+// 8, the pointers 16-byte aligned.  lse, delta: (B H, Nq) float32, contiguous, 16-byte aligned.
+// dq: (B H, Nq, D) float32, which this zeroes first and which receives dS K unscaled, in rows
+// (BWD_DQ_TMA 0, 1) or in fragment order (2: fast_backward_wgmma.py puts it back in rows).
+// dtype 0 float16, 1 bfloat16; a window needs causal; order 1 launches causal key blocks longest
+// first (dense ones staggered).  Nq and Nk multiples of 128.  Returns 0 or an error code
+// (stage4w_error_string).
 int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, const float* lse, const float* delta,
-                  float* dq, void* dk, void* dv, int batch, int heads, int heads_kv, int n_q, int n_k, int head_dim,
-                  float sm_scale, int dtype, int causal, int window, int sink_tokens, void* stream) {
+                  float* dq, void* dk, void* dv, const int64_t* st, int batch, int heads, int heads_kv, int n_q,
+                  int n_k, int head_dim, float sm_scale, int dtype, int causal, int window, int sink_tokens,
+                  int order, void* stream) {
     using C = bwdw::Config<HEAD_DIM, bwdw::CONSUMER_WARPGROUPS, BWD_STAGES>;
     if (head_dim != HEAD_DIM) return -1;
     if (dtype != 0 && dtype != 1) return -2;
-    if (heads_kv < 1 || heads % heads_kv || (window > 0 && !causal) || window < 0 || sink_tokens < 0) return -2;
+    if (heads_kv < 1 || heads % heads_kv) return -5;
+    if ((window > 0 && !causal) || window < 0 || sink_tokens < 0) return -6;
     bwdw::Params p;
     const int64_t D = HEAD_DIM;
-    int err = stage4w::make_map(&p.tm_q, q, dtype, heads * n_q * D, n_q * D, D, batch, heads, n_q, HEAD_DIM, C::BM);
-    if (!err) err = stage4w::make_map(&p.tm_do, d_o, dtype, heads * n_q * D, n_q * D, D, batch, heads, n_q, HEAD_DIM, C::BM);
-    if (!err) err = stage4w::make_map(&p.tm_k, k, dtype, heads_kv * n_k * D, n_k * D, D, batch, heads_kv, n_k, HEAD_DIM,
-                                      C::BN);
-    if (!err) err = stage4w::make_map(&p.tm_v, v, dtype, heads_kv * n_k * D, n_k * D, D, batch, heads_kv, n_k, HEAD_DIM,
-                                      C::BN);
+    int err = stage4w::make_map(&p.tm_q, q, dtype, st[0], st[1], st[2], batch, heads, n_q, HEAD_DIM, C::BM);
+    if (!err) err = stage4w::make_map(&p.tm_k, k, dtype, st[3], st[4], st[5], batch, heads_kv, n_k, HEAD_DIM, C::BN);
+    if (!err) err = stage4w::make_map(&p.tm_v, v, dtype, st[6], st[7], st[8], batch, heads_kv, n_k, HEAD_DIM, C::BN);
+    if (!err) err = stage4w::make_map(&p.tm_do, d_o, dtype, st[9], st[10], st[11], batch, heads, n_q, HEAD_DIM, C::BM);
     if (!err && BWD_DQ_TMA == 1) {
         stage4w::EncodeTiled encode = stage4w::encoder();
         if (!encode) return -3;
@@ -486,10 +500,14 @@ int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, 
     }
     if (err) return err;
     p.lse = lse; p.delta = delta; p.dq = dq; p.dk = dk; p.dv = dv;
+    for (int i = 0; i < 3; ++i) { p.dk_stride[i] = st[12 + i]; p.dv_stride[i] = st[15 + i]; }
     p.H = heads; p.Hkv = heads_kv; p.Nq = n_q; p.Nk = n_k;
-    p.window = window; p.sink_tokens = sink_tokens;
+    p.window = window; p.sink_tokens = window > 0 ? sink_tokens : 0;   // without a window every key is seen
+    p.order = order;
     p.scale = sm_scale; p.scale_log2 = sm_scale * 1.4426950408889634f;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
+    cudaError_t zeroed = cudaMemsetAsync(dq, 0, (size_t)batch * heads * n_q * D * sizeof(float), s);
+    if (zeroed != cudaSuccess) return zeroed;
     const int bkv = batch * heads_kv;                 // a block per (key block, batch, K/V head)
     if (dtype == 0) return causal ? bwdw::launch<__half, true>(p, bkv, s) : bwdw::launch<__half, false>(p, bkv, s);
     return causal ? bwdw::launch<__nv_bfloat16, true>(p, bkv, s) : bwdw::launch<__nv_bfloat16, false>(p, bkv, s);
