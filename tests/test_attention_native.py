@@ -132,6 +132,14 @@ def test_a_wgmma_call_is_described_as_native_cpp_calls_it(op, with_sinks):
     assert n.describe_part([stranger], buffers, 4, [4, 5]) is None
 
 
+def test_a_part_native_cpp_cannot_repeat_leaves_the_key_in_python(op):
+    """launch.py records NOT_REPLAYED for the one-pass backward: the part is not described, so the
+    key stays on the Python path."""
+    q, o, lse = (torch.zeros(16) for _ in range(3))
+    assert op.native.describe_part([op.native.NOT_REPLAYED], [q, None, o, lse], 2, [2, 3]) is None
+    assert op.native.describe_part([], [q, None, o, lse], 2, [2, 3]) is not None
+
+
 @pytest.mark.parametrize("case", ["unknown pointer", "one object twice", "two objects one pointer", "a cluster",
                                   "arguments missing", "a float where an int goes", "an address where an int goes",
                                   "a tuple argument", "no function", "scratch aligned wider"])
@@ -328,10 +336,18 @@ def test_the_cpp_path_gives_the_python_paths_bits(op, built, case, kernel_set, m
         with torch.no_grad():
             got_o = _call(op, q, k, v, s, layout, options)
     after = op.native.counts()
-    assert after["forward_runs"] - before["forward_runs"] >= 4 and after["backward_runs"] - before["backward_runs"] >= 2
-    assert len(python_wgmma) - python_before <= 2           # the two recording calls; C++ ran the rest
     assert torch.equal(got_o, want_o) and torch.equal(got[0], want[0])
     assert got_o.stride() == want_o.stride() and got[0].stride() == want[0].stride()
+    if kernel_set == "wgmma" and d in (64, 128) and n % 128 == 0:
+        # The one-pass backward (NOT_REPLAYED): the key with a gradient stays on the Python path,
+        # whose dQ additions have no fixed order; the calls without one replay in C++.
+        assert after["backward_runs"] == before["backward_runs"] and after["forward_runs"] > before["forward_runs"]
+        for g, w in zip(got[1], want[1]):
+            torch.testing.assert_close(g, w, atol=2e-2, rtol=0)
+            assert g.stride() == w.stride()
+        return
+    assert after["forward_runs"] - before["forward_runs"] >= 4 and after["backward_runs"] - before["backward_runs"] >= 2
+    assert len(python_wgmma) - python_before <= 2           # the two recording calls; C++ ran the rest
     for g, w in zip(got[1], want[1]):
         assert torch.equal(g, w) and g.stride() == w.stride()
 

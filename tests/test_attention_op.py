@@ -214,7 +214,7 @@ def test_op_path_matches_eager_path(op, kernels):
 def test_launch_plan_is_cached(op):
     args = (1, 4, 2, 100, 100, 64, DTYPE, DEVICE, True, 0, 0, False)
     assert op.launch_plan(*args) is op.launch_plan(*args)
-    assert set(op.launch_plan(*args)) == {"tma", "wgmma", "forward", "dkdv", "dq"}
+    assert set(op.launch_plan(*args)) == {"tma", "wgmma", "wgmma_backward", "forward", "dkdv", "dq"}
     assert op.launch_plan(*args)["wgmma"] is None                      # no sm_90 GPU here, or a short call
     assert op.launch_plan(*args, tma=False)["tma"] is False
 
@@ -461,6 +461,119 @@ def test_the_plan_times_the_two_forwards_and_keeps_the_faster(op, monkeypatch):
     assert (plan["wgmma"] is not None) == (times["wgmma"] < times["tma"]), plan
     assert op.launch_plan(1, 4, 4, 100, 100, 128, torch.bfloat16, torch.device(DEVICE), True, 0, 0, False)[
         "wgmma"] is None, "a short call was planned the wgmma forward untimed"
+
+
+@wgmma_gpu
+@pytest.mark.parametrize("d, layout, options", [
+    (64, "bnhd", dict(is_causal=True, window=100, sink_tokens=3, sinks=True)),
+    (128, "bnhd", dict(is_causal=True)),
+    (64, "bhnd", dict(sinks=True)),
+], ids=["d64 window", "d128 causal", "d64 sinks"])
+def test_the_one_pass_backward_behind_the_op_matches_the_reference(op, monkeypatch, d, layout, options):
+    """The op with the one-pass wgmma backward, eager and compiled, (B, N, H, D) read and written
+    where it lies, GQA 4:1, against the float64 reference.  The compiled graph calls
+    workbook::wgmma_backward, no copy of q, k or v around it."""
+    from torch._inductor.utils import run_and_get_code
+    monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
+    ran = []
+    real = op.launch._wgmma_backward
+    monkeypatch.setattr(op.launch, "_wgmma_backward", lambda *a, **kw: (ran.append(1), real(*a, **kw))[1])
+    q, k, v = _qkv(2, 8, 2, 256, 384, d, layout=layout, grad=True, seed=d)
+    sinks = torch.randn(8, device=DEVICE, requires_grad=True) if options.get("sinks") else None
+    mask = {key: value for key, value in options.items() if key != "sinks"}
+    leaves = [t for t in (q, k, v, sinks) if t is not None]
+
+    def f(q, k, v, sinks, do):
+        o = op.attention(q, k, v, sinks=sinks, enable_gqa=True, layout=layout, **mask)
+        return o, *torch.autograd.grad(o, leaves, do)
+
+    do = torch.randn_like(q)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=False, dynamic=False)
+    compiled_out, code = run_and_get_code(lambda *a: compiled(*a), q, k, v, sinks, do)
+    assert any("workbook.wgmma_backward" in c for c in code), "the compiled graph does not call the one pass"
+    assert not any("aten.copy_" in c for c in code), "the compiled graph copies an input"
+    ran.clear()
+    eager = f(q, k, v, sinks, do)
+    assert ran, "the eager call did not run the one-pass backward"
+    bhnd = (lambda t: t.transpose(1, 2)) if layout == "bnhd" else (lambda t: t)
+    for g, like in zip(eager[1:4], (q, k, v)):
+        assert g.stride() == like.stride()
+    qr, kr, vr, dor = (bhnd(t).detach() for t in (q, k, v, do))
+    ref_opts = dict(causal=mask.get("is_causal", False), window=mask.get("window"),
+                    sink_tokens=mask.get("sink_tokens", 0), sinks=None if sinks is None else sinks.detach())
+    ref = reference.attention_grads(qr, kr, vr, dor, **ref_opts)
+    base = reference.attention_grads(qr, kr, vr, dor, compute_dtype=tolerance.baseline_dtype(qr.dtype), **ref_opts)
+    floors = reference.gradient_floors(qr, kr, vr, dor, ref, **ref_opts)
+    for got in (eager, compiled_out):
+        for name, g, r, b in zip(("dq", "dk", "dv", "dsinks"), got[1:], ref[1:], base[1:]):
+            g = bhnd(g) if name != "dsinks" else g
+            report = tolerance.compare(g, r, b, name=name, factor=tolerance.GRADIENT_FACTOR, floor=floors[name])
+            assert report.ok, report.message
+
+
+@wgmma_gpu
+def test_deterministic_algorithms_keep_the_triton_backward(op, monkeypatch):
+    """dQ's additions in the one pass have no fixed order; asked for deterministic algorithms, the
+    op runs the TMA backward, whose gradients repeat bit for bit."""
+    monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
+    ran = []
+    real = op.launch._wgmma_backward
+    monkeypatch.setattr(op.launch, "_wgmma_backward", lambda *a, **kw: (ran.append(1), real(*a, **kw))[1])
+    q, k, v = _qkv(1, 4, 2, 256, 256, 64, grad=True, seed=5)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        runs = []
+        for _ in range(2):
+            o = op.attention(q, k, v, is_causal=True, enable_gqa=True)
+            runs.append(torch.autograd.grad(o, (q, k, v), torch.ones_like(o)))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert not ran, "the one pass ran under deterministic algorithms"
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    o = op.attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+    assert ran, "without deterministic algorithms the one pass did not run"
+
+
+@wgmma_gpu
+def test_an_lse_off_16_bytes_reaches_the_one_pass_as_a_copy(op, monkeypatch):
+    """The kernel's bulk copies read lse in 256-byte rows from 16-byte boundaries; a saved lse that
+    starts elsewhere (a view a caller made) is copied, and the gradients stay right."""
+    monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
+    q, k, v = _qkv(1, 2, 2, 256, 256, 64, seed=6)
+    o, lse = torch.ops.workbook.attention_forward(q, k, v, None, True, 0, 0, 0.125)
+    shifted = torch.empty(lse.numel() + 1, device=DEVICE)[1:].view(lse.shape).copy_(lse)
+    do = torch.randn_like(o)
+    want = torch.ops.workbook.attention_backward(q, k, v, o, lse, do, None, True, 0, 0, 0.125)
+    got = torch.ops.workbook.attention_backward(q, k, v, o, shifted, do, None, True, 0, 0, 0.125)
+    for a, b in zip(got[:3], want[:3]):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=0)
+
+
+@wgmma_gpu
+def test_the_plan_times_the_two_backwards_and_keeps_the_faster(op, monkeypatch):
+    """Where a plan is tuned on an sm_90 GPU and the shape suits the one pass, both backwards are
+    timed and the faster kept; shapes it does not take are not timed."""
+    monkeypatch.setattr(op.plans, "KERNELS", "auto")
+    plan = op.launch_plan(1, 8, 2, 2048, 2048, 64, torch.bfloat16, torch.device(DEVICE), True, 0, 0, True)
+    times = plan["backward_ms"]
+    assert set(times) == {"wgmma", "tma"} and all(t > 0 for t in times.values()), plan
+    assert plan["wgmma_backward"] == (times["wgmma"] < times["tma"]), plan
+    other = op.launch_plan(1, 8, 2, 2000, 2000, 64, torch.bfloat16, torch.device(DEVICE), True, 0, 0, True)
+    assert not other["wgmma_backward"] and "backward_ms" not in other, other
+
+
+@wgmma_gpu
+def test_opcheck_the_one_pass_backward(op, monkeypatch):
+    monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
+    q, k, v = _qkv(1, 4, 2, 256, 256, 64, seed=7)
+    sinks = torch.randn(4, device=DEVICE)
+    o, lse = torch.ops.workbook.attention_forward(q, k, v, sinks, True, 100, 2, 0.125)
+    do = torch.randn_like(o)
+    for backward in (torch.ops.workbook.attention_backward, torch.ops.workbook.wgmma_backward):
+        torch.library.opcheck(backward, (q, k, v, o, lse, do, sinks, True, 100, 2, 0.125))
 
 
 def test_inductor_takes_each_kernel_to_write_only_its_outputs():

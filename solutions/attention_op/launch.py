@@ -3,10 +3,11 @@ and the compiled kernels the eager path keeps.
 
 Tensors arrive as (B, H, N, D), or as (B, N, H, D) with ``bnhd``, with any strides; window 0 means
 no window.  Each body launches the TMA kernels where the plan and the strides allow, else stage
-9's; the forward may be the wgmma kernel instead (``plans``).  ``launch(kernel)`` is
+9's; the forward may be the wgmma kernel instead, and the backward the one-pass wgmma kernel
+(``plans``).  ``launch(kernel)`` is
 ``wrap_triton`` inside the ops, so that torch.compile sees the kernel, and in eager mode the
-kernel itself or :class:`_Launch`.  The wgmma kernel is CUDA, not Triton: eager calls run it
-through ctypes, and the ops through an op of its own (library.py), opaque to the compiler.
+kernel itself or :class:`_Launch`.  The wgmma kernels are CUDA, not Triton: eager calls run them
+through ctypes, and the ops through ops of their own (library.py), opaque to the compiler.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 
 from . import plans
-from .native import HostCall, Pointer
-from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9, tma_backward, tma_forward, tma_strides, wgmma
+from .native import NOT_REPLAYED, HostCall, Pointer
+from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9, tma_backward, tma_forward, tma_strides, wgmma, wgmma_backward
 
 # =============================================================================================
 # The outputs, allocated the same way by the ops and by their fake implementations, so that
@@ -126,8 +127,9 @@ def _choose(q, k, v, other, sinks, causal: bool, window: int, sink_tokens: int, 
     chosen = _chosen.get(key) if key is not None else None
     if chosen is None:
         plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
-        readable = (plan["tma"] or plan["wgmma"] is not None) and tma_strides(q, k, v, other)
-        if (plan["tma"] or plan["wgmma"] is not None) and not readable:
+        wanted = plan["tma"] or plan["wgmma"] is not None or plan["wgmma_backward"]
+        readable = wanted and tma_strides(q, k, v, other)
+        if wanted and not readable:
             plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)
         chosen = (plan, plan["tma"] and readable, plan["wgmma"] if readable else None)
         if key is not None:
@@ -195,16 +197,22 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
 
 def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens: int, scale: float,
               launch=_direct, bnhd: bool = False, dsinks_wanted: bool = True, key: tuple | None = None,
-              keep: dict | None = None):
+              keep: dict | None = None, wgmma_op=None):
     """``(dq, dk, dv, dsinks)``, each like its input; dsinks float32 (Hq,), None without sinks or
     when not ``dsinks_wanted`` (its reduction is a launch of its own, skipped when nobody asks).
-    The TMA dK/dV and dQ kernels where the plan and the strides allow them, else stage 9's; the
-    first kernel (delta and dsinks) is stage 9's either way.  ``keep``, a dict, receives the
-    buffers allocated on the way (``delta``, ``dsinks_part``), for native.py."""
+    The one-pass wgmma backward where the plan and the strides allow it and no deterministic
+    algorithms are asked for (inside the op, through ``wgmma_op``, the op that runs it), else the
+    TMA dK/dV and dQ kernels where they allow them, else stage 9's; the first kernel (delta and
+    dsinks) is stage 9's either way.  ``keep``, a dict, receives the buffers allocated on the way
+    (``delta``, ``dsinks_part``), for native.py."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
     plan, tma, _ = _choose(q, k, v, do, sinks, causal, window, sink_tokens, bnhd, key)
+    # dQ's additions in the one pass have no fixed order: its results vary in the last bits.
+    one_pass = tma and plan["wgmma_backward"] and not torch.are_deterministic_algorithms_enabled()
+    if one_pass and wgmma_op is not None:
+        return wgmma_op(q, k, v, o, lse, do, sinks, causal, window, sink_tokens, scale)
     pad = _pow2(d)
     flags = dict(CAUSAL=causal, HAS_WINDOW=window > 0, HEAD_DIM_PAD=pad, COUNT_VISITS=False)
 
@@ -221,6 +229,11 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
         keep.update(delta=delta, dsinks_part=dsinks_part)
 
     dq, dk, dv = _backward_outputs(q, k, v)
+    if one_pass:
+        _wgmma_backward(q, k, v, lse, do, delta, dq, dk, dv, causal, window, sink_tokens, scale, bnhd)
+        if getattr(launch, "record", None) is not None:
+            launch.record.append(NOT_REPLAYED)
+        return dq, dk, dv, dsinks
     if tma:
         _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sink_tokens, scale, launch, bnhd)
         return dq, dk, dv, dsinks
@@ -239,6 +252,24 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
         *q_strides, *k_strides, *v_strides, *do_strides, *_bhnd(dq, bnhd)[1],
         hq, hq // hkv, nq, nk, d, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
     return dq, dk, dv, dsinks
+
+
+def _wgmma_backward(q, k, v, lse, do, delta, dq, dk, dv, causal, window, sink_tokens, scale, bnhd) -> None:
+    """The one-pass wgmma backward (solutions/fast_backward_wgmma.cu) writing dq, dk and dv where
+    they lie, from delta of stage 9's preprocess: dQ goes through a float32 buffer in the kernel's
+    fragment order and one elementwise kernel puts it back in dq's rows."""
+    (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
+    (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
+    strides = (*q_strides[:3], *k_strides[:3], *_bhnd(v, bnhd)[1][:3], *_bhnd(do, bnhd)[1][:3],
+               *_bhnd(dk, bnhd)[1][:3], *_bhnd(dv, bnhd)[1][:3])
+    dq32 = torch.empty(b, hq, nq, d, device=q.device, dtype=torch.float32)
+    lib = wgmma_backward.library(d)
+    order = wgmma_backward.order_for(b, hkv, nk, causal, q.device)
+    lse = wgmma_backward.contiguous_rows(lse)          # held until the kernel is queued
+    args = wgmma_backward.backward_args(q, k, v, do, lse, delta, dq32, dk, dv, strides, (b, hq, hkv, nq, nk, d),
+                                        scale, causal, window, sink_tokens, order)
+    wgmma_backward.call(lib, args, torch._C._cuda_getCurrentRawStream(q.device.index))
+    wgmma_backward.rows_of_fragments(dq32, dq.transpose(1, 2) if bnhd else dq, scale)
 
 
 def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sink_tokens, scale, launch, bnhd):

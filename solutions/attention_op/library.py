@@ -1,5 +1,6 @@
 """The two ``torch.library.triton_op`` ops, ``workbook::attention_forward`` and ``workbook::attention_backward``,
-and the custom op ``workbook::wgmma_forward`` that the forward calls where its plan takes the wgmma kernel.
+and the custom ops ``workbook::wgmma_forward`` and ``workbook::wgmma_backward`` that they call where
+their plan takes a wgmma kernel.
 
 Each triton_op launches the bare kernels through ``wrap_triton``, so ``torch.compile`` sees the
 kernels themselves (no graph break).  Each has a fake implementation that allocates the outputs exactly
@@ -41,6 +42,22 @@ def _wgmma_forward_fake(q, k, v, sinks, causal, window, sink_tokens, scale):
     return _forward_outputs(q)
 
 
+@torch.library.custom_op("workbook::wgmma_backward", mutates_args=())
+def wgmma_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                   do: torch.Tensor, sinks: Optional[torch.Tensor], causal: bool, window: int, sink_tokens: int,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv, dsinks)`` of (B, H, N, D) views through the one-pass wgmma backward, where
+    the launch plan chose it; an op of its own for the reason ``wgmma_forward`` is.  Strides no
+    descriptor can read, or deterministic algorithms, get the Triton backward, launched directly."""
+    dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, causal, window, sink_tokens, scale)
+    return dq, dk, dv, dsinks if dsinks is not None else torch.zeros(q.shape[1], device=q.device)
+
+
+@wgmma_backward.register_fake
+def _wgmma_backward_fake(q, k, v, o, lse, do, sinks, causal, window, sink_tokens, scale):
+    return (*_backward_outputs(q, k, v), q.new_empty(q.shape[1], dtype=torch.float32))
+
+
 @triton_op("workbook::attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor],
                       causal: bool, window: int, sink_tokens: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +72,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dsinks)``; an op returns tensors only, so dsinks is zeros (Hq,) without sinks."""
     dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, causal, window, sink_tokens, scale,
-                                   launch=wrap_triton)
+                                   launch=wrap_triton, wgmma_op=torch.ops.workbook.wgmma_backward)
     return dq, dk, dv, dsinks if dsinks is not None else torch.zeros(q.shape[1], device=q.device)
 
 

@@ -21,8 +21,10 @@ The Python path runs as before:
 * on a Triton whose launch convention native.cpp was not written for (``TRITONS``);
 * while a Triton launch hook is set (a profiler's): C++ launches would not call it;
 * for a key whose launches cannot be described: a pointer argument that is none of the call's
-  buffers (the TMA backward's padded copy of lse when Nq is not a multiple of 4).  Such a key is
-  recorded as the Python path's and not tried again;
+  buffers (the TMA backward's padded copy of lse when Nq is not a multiple of 4), or a backward
+  through the one-pass wgmma kernel (``NOT_REPLAYED``: its dQ goes through a buffer and a PyTorch
+  kernel that native.cpp does not repeat).  Such a key is recorded as the Python path's and not
+  tried again;
 * for a call two of whose tensors start at one address (k passed as v): which is which could not
   be told from the launches, so it is not recorded (a later call of its key may be);
 * under ``torch.compile``, fake tensors or a dispatch mode (api.py sends those to the ops), and
@@ -144,6 +146,10 @@ def _float_bits(x: float) -> int:
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
+#: What launch.py records for a part of a call that native.cpp cannot repeat: the key stays on the Python path.
+NOT_REPLAYED = object()
+
+
 class Pointer(int):
     """A tensor argument of a recorded launch, as the address Triton passes (launch.py keeps no tensor)."""
 
@@ -215,6 +221,8 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
         return None                                         # two roles at one address: which is which?
     launches = []
     for entry in record:
+        if entry is NOT_REPLAYED:
+            return None
         if isinstance(entry, HostCall):
             launch = _host_call(entry, buffers)
             if launch is None:

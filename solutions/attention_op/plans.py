@@ -15,7 +15,10 @@ every mask of stages 5-8, under the same stride rule.  Where a plan is tuned (lo
 an sm_90 GPU with nvcc), it is built for the shape's head dim and tile (once; kept on disk like
 every CUDA kernel of the workbook), both forwards are timed on the GPU, and the plan keeps the
 faster (``"wgmma"``: its tile, or None; ``"forward_ms"``: what each took).  A build that fails
-leaves the Triton forward.  The backward is the same set's either way: it needs only o and lse.
+leaves the Triton forward.  The backward has a third candidate there too: the one-pass CUDA
+backward (solutions/fast_backward_wgmma.cu: head dims 64 and 128, Nq and Nk multiples of 128),
+built and timed against the TMA backward the same way (``"wgmma_backward"``: whether it serves,
+``"backward_ms"``).  Either backward needs only o and lse, whichever forward wrote them.
 
 The tile (BLOCK_M, BLOCK_N, warps, stages) of each kernel is chosen once per (shape, dtype,
 options, set): the table's first entry for short sequences, else the set's autotuners run once
@@ -36,12 +39,13 @@ s9 = load_file(ROOT / "solutions" / "stage9_backward.py")     # the kernels, the
 tma_forward = load_file(ROOT / "solutions" / "fast_forward_tma.py")
 tma_backward = load_file(ROOT / "solutions" / "fast_backward_tma.py")
 wgmma = load_file(ROOT / "solutions" / "fast_variable_block_wgmma.py")
+wgmma_backward = load_file(ROOT / "solutions" / "fast_backward_wgmma.py")
 
 #: Which kernels a call may use: "auto" (the TMA kernels where the GPU, the head dim, the dtype and
 #: the strides allow, else stage 9's; the wgmma forward where it was timed faster), "stage9"
 #: (stage 9's always), "tma" (the TMA kernels wherever the head dim and strides allow, Triton's
-#: CPU interpreter included, and never the wgmma forward: for tests), or "wgmma" ("auto" with the
-#: wgmma forward wherever it can run, untimed: for tests).
+#: CPU interpreter included, and never the wgmma kernels: for tests), or "wgmma" ("auto" with the
+#: wgmma forward and backward wherever they can run, untimed: for tests).
 KERNELS = "auto"
 
 _plans: dict[tuple, dict] = {}
@@ -139,6 +143,36 @@ def _wgmma_plan(key: tuple, plan: dict, timed: bool) -> dict:
     return {**plan, "wgmma": tile if faster == "wgmma" else None, "forward_ms": ms}
 
 
+def _wgmma_backward_shape(b: int, hkv: int, nq: int, nk: int, d: int, dtype: torch.dtype,
+                          device: torch.device) -> bool:
+    """Whether the one-pass wgmma backward may serve this shape, dtype and device (see ``KERNELS``)."""
+    return (KERNELS in ("auto", "wgmma") and runtime.ON_GPU and device.type == "cuda"
+            and dtype in (torch.float16, torch.bfloat16) and wgmma_backward.supports(b, hkv, nq, nk, d)
+            and torch.cuda.get_device_capability(device) == (9, 0))
+
+
+def _wgmma_backward_plan(key: tuple, plan: dict, timed: bool) -> dict:
+    """``plan`` with ``"wgmma_backward"`` (whether the one-pass backward serves) and, when
+    ``timed``, ``"backward_ms"``: its GPU time and the Triton backward's on random inputs of this
+    shape (from the plan's Triton forward), the faster kept."""
+    d = key[0][5]
+    try:
+        wgmma_backward.library(d)                   # built here, outside any call it would stall
+    except Exception as error:                      # noqa: BLE001 - no nvcc, a failed build: the Triton backward
+        return {**plan, "wgmma_backward": False, "wgmma_backward_error": f"{type(error).__name__}: {error}"}
+    if not timed:
+        return {**plan, "wgmma_backward": True}
+    forward, backward = (tma_forward, tma_backward) if plan["tma"] else (s9, s9)
+    with _disable_current_modes(), torch.no_grad(), torch.cuda.device(key[2]):
+        q, k, v, opts = _random_inputs(key)
+        o, lse = forward.flash_attention(q, k, v, **opts)
+        do = torch.randn_like(o)
+        ms = {"wgmma": _gpu_ms(lambda: wgmma_backward.flash_attention_backward(q, k, v, o, lse, do, **opts)),
+              "tma" if plan["tma"] else "stage9": _gpu_ms(
+                  lambda: backward.flash_attention_backward(q, k, v, o, lse, do, **opts))}
+    return {**plan, "wgmma_backward": min(ms, key=ms.get) == "wgmma", "backward_ms": ms}
+
+
 def _tma_shape(d: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the TMA kernels may serve this head dim, dtype and device (see ``KERNELS``)."""
     if KERNELS == "stage9" or d & (d - 1) or d < 16:
@@ -153,7 +187,8 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
                 causal: bool, window: int, sink_tokens: int, has_sinks: bool, tma: bool = True) -> dict:
     """Which kernels serve this shape (``"tma"``: True for the TMA kernels, when the strides
     allow) and the tiles of their forward, dK/dV and dQ kernels, cached; ``"wgmma"``: the wgmma
-    forward's tile when it serves the forward instead (again when the strides allow), else None.
+    forward's tile when it serves the forward instead (again when the strides allow), else None;
+    ``"wgmma_backward"``: whether the one-pass backward serves the backward (the same).
     ``tma=False`` asks for stage 9's plan, for a call whose strides no descriptor can read.
 
     Short sequences take each table's first entry (the interpreter's tile on the CPU), as
@@ -181,6 +216,10 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
         plan["wgmma"] = None
         if tma and _wgmma_shape(b, hq, d, dtype, device) and (KERNELS == "wgmma" or nq * nk >= tuning.TUNE_FROM):
             plan = _wgmma_plan(key, plan, timed=KERNELS != "wgmma")
+        plan["wgmma_backward"] = False
+        if tma and _wgmma_backward_shape(b, hkv, nq, nk, d, dtype, device) and (
+                KERNELS == "wgmma" or nq * nk >= tuning.TUNE_FROM):
+            plan = _wgmma_backward_plan(key, plan, timed=KERNELS != "wgmma")
         _plans[(key, KERNELS, tma)] = plan
     return plan
 
