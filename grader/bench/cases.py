@@ -113,7 +113,7 @@ PROVIDERS: dict[str, list[str]] = {
     "stage4": ["solution", "solution-wgmma", "stage3-triton", "sdpa-flash", "sdpa-cudnn"],
     "stage5": _WITH_TMA + ["solution-wgmma"], "stage6": _WITH_TMA + ["solution-wgmma"],
     "stage7": _WITH_TMA + ["solution-wgmma"], "stage8": _WITH_TMA + ["solution-wgmma"],
-    "stage9": _WITH_TMA + ["op"],
+    "stage9": _WITH_TMA + ["solution-wgmma", "op"],
 }
 #: What a learner's notebook races: their own kernel and PyTorch's attention.  Never the instructors' variants
 #: (solution-tma, solution-wgmma) nor another stage's kernel, which compile for minutes at first use and are

@@ -119,10 +119,12 @@ class TmaVariant(InstructorVariant):
 
 
 class WgmmaVariant(InstructorVariant):
-    """``solutions/fast_variable_block_wgmma.py``: stage 4's forward for sm_90 GPUs."""
+    """``solutions/fast_variable_block_wgmma.py``: stage 4's forward for sm_90 GPUs, and for stage 9
+    ``fast_backward_wgmma.py``'s one-pass backward from that forward's o and lse."""
     name = "solution-wgmma"
     FILE = "fast_variable_block_wgmma.py"
     WHAT = "the wgmma variant"
+    BACKWARD_FILE = "fast_backward_wgmma.py"
 
     def attend(self, case, x):
         if not x.q.is_cuda or torch.cuda.get_device_capability(x.q.device) != (9, 0):
@@ -132,7 +134,20 @@ class WgmmaVariant(InstructorVariant):
         return lambda q, k, v, sinks: flash_attention(q, k, v, **opts, **self._with_sinks(sinks))[0]
 
     def backward(self, case, x):
-        raise NotApplicable("the wgmma variant has no backward")
+        from kernels.loader import ROOT, load_file
+        path = ROOT / "solutions" / self.BACKWARD_FILE
+        if not path.exists():
+            raise NotApplicable(f"the one-pass backward is an instructor's file, solutions/{self.BACKWARD_FILE}")
+        module = load_file(path)
+        if not module.supports(case.batch, case.hkv, case.n_q, case.n_k, case.head_dim):
+            raise NotApplicable(f"the one-pass backward takes head dims {module.HEAD_DIMS} and N a multiple of "
+                                f"{module.BLOCK_N}")
+        opts = {"causal": case.causal, "window": case.window, "sink_tokens": case.sink_tokens}
+        sinks = self._with_sinks(x.sinks)
+        if not x.q.is_cuda or torch.cuda.get_device_capability(x.q.device) != (9, 0):
+            raise NotApplicable("the wgmma variant runs on sm_90 GPUs (H100, H200) only")
+        o, lse = self.module.flash_attention(x.q, x.k, x.v, **opts, **sinks)
+        return (lambda: module.flash_attention_backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
 
 
 class Op(Provider):
