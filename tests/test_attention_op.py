@@ -555,12 +555,13 @@ def test_an_lse_off_16_bytes_reaches_the_one_pass_as_a_copy(op, monkeypatch):
 @wgmma_gpu
 def test_the_plan_times_the_two_backwards_and_keeps_the_faster(op, monkeypatch):
     """Where a plan is tuned on an sm_90 GPU and the shape suits the one pass, both backwards are
-    timed and the faster kept; shapes it does not take are not timed."""
+    timed and the one pass kept where it is faster and long enough to hide the host time it adds;
+    shapes it does not take are not timed."""
     monkeypatch.setattr(op.plans, "KERNELS", "auto")
     plan = op.launch_plan(1, 8, 2, 2048, 2048, 64, torch.bfloat16, torch.device(DEVICE), True, 0, 0, True)
     times = plan["backward_ms"]
     assert set(times) == {"wgmma", "tma"} and all(t > 0 for t in times.values()), plan
-    assert plan["wgmma_backward"] == (times["wgmma"] < times["tma"]), plan
+    assert plan["wgmma_backward"] == (op.plans.ONE_PASS_HOST_MS <= times["wgmma"] < times["tma"]), plan
     other = op.launch_plan(1, 8, 2, 2000, 2000, 64, torch.bfloat16, torch.device(DEVICE), True, 0, 0, True)
     assert not other["wgmma_backward"] and "backward_ms" not in other, other
 

@@ -365,17 +365,16 @@ def _op_kernels_run(run: str | None = None) -> dict:
     return by_case
 
 
-def test_readme_op_ratios_are_the_committed_probe_s():
-    """README's line on the op is the range the newest run of docs/hopper-probe-op-kernels-h200.json
-    holds for provider ``op`` against ``cudnn`` and ``flex`` timed in that run, forward and backward."""
+def test_readme_op_ratios_are_the_committed_bench_s():
+    """README's line on the op is the range docs/bench-stage9-h200.json holds for provider ``op``
+    against cuDNN, FA2 and FlexAttention timed beside it, forward and backward."""
     readme = " ".join((ROOT / "README.md").read_text().split())
-    for other, words in (("cudnn", "cuDNN"), ("flex", "FlexAttention")):
-        ratios: dict = {"fwd": [], "bwd": []}
-        for of in _op_kernels_run().values():
-            if other in of and "op" in of and of[other]["fwd_ms"]:
-                for kind in ratios:
-                    ratios[kind].append(of[other][f"{kind}_ms"] / of["op"][f"{kind}_ms"])
-        fwd, bwd = (f"{min(v):.2f}-{max(v):.2f}x" for v in ratios.values())
+    rows = json.loads((ROOT / "docs" / "bench-stage9-h200.json").read_text())["rows"]
+    ms = {(r["case"], r["provider"]): r["ms"] for r in rows if r["ms"]}
+    for other, words in (("sdpa-cudnn", "cuDNN"), ("sdpa-flash", "FA2"), ("flex", "FlexAttention")):
+        fwd, bwd = (f"{min(v):.2f}-{max(v):.2f}x" for v in (
+            [ms[c, other] / ms[c, "op"] for c, p in ms if p == other and c.endswith(kind) and (c, "op") in ms]
+            for kind in ("fwd", "bwd")))
         assert f"{fwd.removesuffix('x')}x/{bwd} {words}" in readme, (other, fwd, bwd)
 
 
@@ -743,3 +742,53 @@ def test_section_14_tables_are_the_committed_probe():
     assert f"causal ({span([u / t for _, t, u in section_13(causal)])}x there)" in flat
     less = [100 * (1 - t / ms[c, best]) for c, t, _ in section_13(causal)]
     assert f"13's kernel took {span(less, '{:.0f}')}% less time on them" in flat
+
+
+def test_section_15_tables_are_the_committed_probes():
+    """docs/hopper-notes.md's section 15: the one pass with its masks as selects and launched longest
+    first, its tables from the committed JSON through the probe's summary; the host time of the
+    one pass from its probe, the plan's rule set by it, and the training step that showed it."""
+    from kernels.loader import load_package
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = notes[notes.index("## 15."):notes.index("## From stage 9")]
+    flat = " ".join(section.split())
+    doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-order-h200.json").read_text())
+    assert _names_its_run(section, doc) and doc["command"] in flat
+    probe = _probe("wgmma_backward")
+    for line in probe.summary(doc["rows"]) + probe.summary([r for r in doc["rows"] if "Hkv" in r["case"]], "tma"):
+        assert line in section, line
+    worst = max(c["error"] for c in doc["checks"])
+    assert worst < 2e-2 and f"largest error {100 * worst:.2f}% of the largest gradient" in flat
+    host = json.loads((ROOT / "docs" / "hopper-probe-one-pass-host-h200.json").read_text())
+    assert _names_its_run(section, host) and host["native"]
+    assert all(line in section for line in _probe("one_pass_host").summary(host["rows"]))
+    of = {(r["case"], r["backward"]): r["host_ms"] for r in host["rows"]}
+    extra = [of[c, "one pass"] - of[c, "TMA"] for c, b in of if b == "TMA"]
+    assert f"cost {min(extra):.2f}-{max(extra):.2f} ms of host time a call" in flat
+    plans = load_package(ROOT / "solutions" / "attention_op").plans
+    most = max(of[c, "one pass"] for c, _ in of)
+    assert f"{most:.2f}" == f"{plans.ONE_PASS_HOST_MS:.2f}" and f"at least {most:.2f} ms" in flat
+    # Every choice of section 4's bench run stays: where the one pass beat the TMA backward, it was long enough.
+    bench = {(r["case"], r["provider"]): r["ms"] for r in
+             json.loads((ROOT / "docs" / "bench-stage9-h200.json").read_text())["rows"] if r["ms"]}
+    kept = [bench[c, p] for c, p in bench if p == "solution-wgmma" and c.endswith("bwd")
+            and bench[c, p] < bench[c, "solution-tma"]]
+    assert min(kept) >= plans.ONE_PASS_HOST_MS and f"took {min(kept):.2f} ms or more" in flat
+    train = json.loads((ROOT / "docs" / "hopper-probe-train-one-pass-h200.json").read_text())
+    step = {r["provider"]: r for r in train["rows"]}
+    assert (f"took {step['workbook-compiled']['step_ms']:.2f} ms compiled against FlexAttention's "
+            f"{step['flex-compiled']['step_ms']:.2f} ms") in flat
+    assert f"({step['workbook-compiled']['host_ms']:.2f} ms to issue a step)" in flat
+
+
+def test_the_one_pass_step_of_the_hopper_path_is_the_committed_bench_s():
+    """The list of steps from stage 9 to the Hopper path gives the one pass's gain over the TMA
+    backward, and its speed against cuDNN, from the stage 9 bench run that timed them together."""
+    rows = json.loads((ROOT / "docs" / "bench-stage9-h200.json").read_text())["rows"]
+    ms = {(r["case"], r["provider"]): r["ms"] for r in rows if r["ms"]}
+    cases = [c for c, p in ms if p == "op" and c.endswith("bwd") and " W" not in c]
+    tma = [ms[c, "solution-tma"] / ms[c, "op"] for c in cases]
+    cudnn = [ms[c, "sdpa-cudnn"] / ms[c, "op"] for c in cases]
+    notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
+    assert (f"{min(tma):.2f}-{max(tma):.2f}x the TMA backward on the stage 9 bench's backwards without a window, "
+            f"{min(cudnn):.2f}-{max(cudnn):.2f}x cuDNN, in the same run") in notes

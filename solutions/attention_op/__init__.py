@@ -21,14 +21,18 @@ are called:
   the other agree on o and lse.  On the same GPUs the forward of a long call may be stage 4's
   CUDA kernel with wgmma (solutions/fast_variable_block_wgmma.cu, any head dim a multiple of 8,
   every mask): its plan builds it and times it against the Triton forward once per shape, and
-  keeps the faster.  ``plans.KERNELS`` can pin stage 9's kernels (or, for tests, the TMA kernels
-  in Triton's CPU interpreter, or the wgmma forward wherever it can run).
+  keeps the faster.  The backward of such a call may likewise be the one-pass CUDA backward
+  (solutions/fast_backward_wgmma.cu: head dims 64 and 128, N a multiple of 128), where its plan
+  times it faster and long enough to hide the host time it adds, unless deterministic algorithms
+  are asked for.  ``plans.KERNELS`` can pin stage 9's kernels (or, for tests, the TMA kernels
+  in Triton's CPU interpreter, or the wgmma kernels wherever they can run).
 
 * **Two ``torch.library.triton_op`` ops**, ``workbook::attention_forward`` (q, k, v, sinks ->
   o, lse) and ``workbook::attention_backward`` (-> dq, dk, dv, dsinks), each launching the
   bare kernels through ``wrap_triton``, so ``torch.compile`` sees the kernels themselves (no
-  graph break).  The wgmma forward, CUDA behind ctypes, is a ``custom_op`` of its own,
-  ``workbook::wgmma_forward``, which the forward op calls and a compiled graph keeps opaque.
+  graph break).  The wgmma kernels, CUDA behind ctypes, are ``custom_op``s of their own,
+  ``workbook::wgmma_forward`` and ``workbook::wgmma_backward``, which the two ops call and a
+  compiled graph keeps opaque.
   Each has a fake implementation that allocates the outputs exactly as the op does and
   launches nothing, so shapes, dtypes and strides are known without a GPU (Triton's CPU
   interpreter would otherwise try to run the kernels on fake tensors).
