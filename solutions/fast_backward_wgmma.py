@@ -32,7 +32,9 @@ docs/hopper-notes.md (sections 12-15) says how it was built and what each step g
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
+import os
 from pathlib import Path
 
 from kernels import cuda_build, validate
@@ -76,11 +78,25 @@ def library(head_dim: int) -> ctypes.CDLL:
     """The kernel built for ``head_dim`` (64 or 128), compiled on first use and kept."""
     lib = _built.get(head_dim)
     if lib is None:
-        inlined = cuda_build.stable_source(cuda_build.cache_dir() / "sources", CU_FILE.name, source())
-        lib = prepare(cuda_build.load(inlined, label="one-pass wgmma backward", arch=ARCH,
+        lib = prepare(cuda_build.load(_inlined_file(), label="one-pass wgmma backward", arch=ARCH,
                                       defines={"HEAD_DIM": head_dim}))
         _built[head_dim] = lib
     return lib
+
+
+def _inlined_file() -> Path:
+    """``source()`` in the build cache, in a file named by its text's hash and written whole (a
+    temporary file renamed into place), so that processes building other versions at once, or
+    the same one, never read a file another is writing."""
+    text = source()
+    folder = cuda_build.cache_dir() / "sources"
+    path = folder / f"{CU_FILE.stem}_{hashlib.sha256(text.encode()).hexdigest()[:16]}.cu"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{path.name}.{os.getpid()}"
+        partial.write_text(text)
+        os.replace(partial, path)
+    return path
 
 
 def prepare(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -214,7 +214,7 @@ def test_op_path_matches_eager_path(op, kernels):
 def test_launch_plan_is_cached(op):
     args = (1, 4, 2, 100, 100, 64, DTYPE, DEVICE, True, 0, 0, False)
     assert op.launch_plan(*args) is op.launch_plan(*args)
-    assert set(op.launch_plan(*args)) == {"tma", "wgmma", "wgmma_backward", "forward", "dkdv", "dq"}
+    assert set(op.launch_plan(*args)) == {"tma", "wgmma", "forward", "dkdv", "dq"}
     assert op.launch_plan(*args)["wgmma"] is None                      # no sm_90 GPU here, or a short call
     assert op.launch_plan(*args, tma=False)["tma"] is False
 
@@ -555,14 +555,14 @@ def test_an_lse_off_16_bytes_reaches_the_one_pass_as_a_copy(op, monkeypatch):
 @wgmma_gpu
 def test_the_plan_times_the_two_backwards_and_keeps_the_faster(op, monkeypatch):
     """Where a plan is tuned on an sm_90 GPU and the shape suits the one pass, both backwards are
-    timed and the one pass kept where it is faster and long enough to hide the host time it adds;
-    shapes it does not take are not timed."""
+    timed and the one pass kept where a call with it, GPU or host time whichever is longer, is
+    faster; shapes it does not take are not timed."""
     monkeypatch.setattr(op.plans, "KERNELS", "auto")
-    plan = op.launch_plan(1, 8, 2, 2048, 2048, 64, torch.bfloat16, torch.device(DEVICE), True, 0, 0, True)
+    plan = op.plans.backward_plan(1, 8, 2, 2048, 2048, 64, torch.bfloat16, torch.device(DEVICE), True, 0, 0, True)
     times = plan["backward_ms"]
     assert set(times) == {"wgmma", "tma"} and all(t > 0 for t in times.values()), plan
-    assert plan["wgmma_backward"] == (op.plans.ONE_PASS_HOST_MS <= times["wgmma"] < times["tma"]), plan
-    other = op.launch_plan(1, 8, 2, 2000, 2000, 64, torch.bfloat16, torch.device(DEVICE), True, 0, 0, True)
+    assert plan["wgmma_backward"] == op.plans.keeps_one_pass(times), plan
+    other = op.plans.backward_plan(1, 8, 2, 2000, 2000, 64, torch.bfloat16, torch.device(DEVICE), True, 0, 0, True)
     assert not other["wgmma_backward"] and "backward_ms" not in other, other
 
 
@@ -575,6 +575,41 @@ def test_opcheck_the_one_pass_backward(op, monkeypatch):
     do = torch.randn_like(o)
     for backward in (torch.ops.workbook.attention_backward, torch.ops.workbook.wgmma_backward):
         torch.library.opcheck(backward, (q, k, v, o, lse, do, sinks, True, 100, 2, 0.125))
+
+
+def test_the_one_pass_is_kept_where_a_call_with_it_is_faster(op):
+    """A call takes the longer of its GPU time and its host time: the one pass adds host time, so
+    it is kept only where, both counted, it wins."""
+    keeps = op.plans.keeps_one_pass
+    host, tma_host = op.plans.ONE_PASS_HOST_MS, op.plans.TMA_HOST_MS
+    assert keeps({"wgmma": 1.6, "tma": 1.9}) and not keeps({"wgmma": 1.0, "tma": 0.99})
+    assert keeps({"wgmma": 0.3, "tma": host + 0.1})         # its host time, not its GPU time, decides
+    assert not keeps({"wgmma": 0.2, "tma": host - 0.05})    # GPU-faster, but the host would wait longer
+    assert not keeps({"wgmma": 0.05, "tma": tma_host})
+    assert keeps({"wgmma": 1.0, "stage9": 2.0})
+
+
+def test_the_one_pass_backward_is_planned_at_the_first_backward_only(op, monkeypatch):
+    """A forward's plan builds and times nothing of the backward (an inference caller never
+    compiles the one pass); the backward's plan builds it once, is kept, and a failed build
+    leaves the Triton backward."""
+    built = []
+    monkeypatch.setattr(op.plans, "_wgmma_backward_shape", lambda *a: True)
+    monkeypatch.setattr(op.plans.wgmma_backward, "library", built.append)
+    monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
+    monkeypatch.setattr(op.plans, "_backward_plans", {})
+    args = (1, 4, 2, 256, 256, 64, DTYPE, torch.device(DEVICE), True, 0, 0, False)
+    op.launch_plan(*args)
+    assert not built and not op.plans._backward_plans
+    plan = op.plans.backward_plan(*args)
+    assert plan == {"wgmma_backward": True} and built == [64]
+    assert op.plans.backward_plan(*args) is plan and built == [64]
+
+    def fails(d):
+        raise RuntimeError("nvcc failed")
+    monkeypatch.setattr(op.plans.wgmma_backward, "library", fails)
+    failed = op.plans.backward_plan(1, 4, 2, 512, 512, 64, DTYPE, torch.device(DEVICE), True, 0, 0, False)
+    assert failed["wgmma_backward"] is False and "nvcc failed" in failed["wgmma_backward_error"]
 
 
 def test_inductor_takes_each_kernel_to_write_only_its_outputs():

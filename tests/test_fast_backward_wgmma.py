@@ -226,3 +226,15 @@ def test_gpu_gradients_match_float64_autograd(fast, b, hq, hkv, nq, nk, d, mask,
         for x, like in zip(got[:3], (q, k, v)):
             assert x.stride() == like.stride()
         _check_grads(got, q, k, v, do, sinks=sinks, **mask)
+
+
+def test_the_inlined_source_is_kept_under_its_hash(fast, tmp_path, monkeypatch):
+    """The build reads a copy of ``source()`` named by its hash and written whole: two versions
+    (or two processes) never share, or half-read, one file."""
+    monkeypatch.setenv("WORKBOOK_CACHE", str(tmp_path))
+    path = fast._inlined_file()
+    assert path.read_text() == fast.source() and path.parent.parent == tmp_path / "cuda"
+    assert fast._inlined_file() == path and [p.name for p in path.parent.iterdir()] == [path.name]
+    monkeypatch.setattr(fast, "source", lambda: "// another version\n")
+    other = fast._inlined_file()
+    assert other != path and other.read_text() == "// another version\n" and path.exists()

@@ -135,6 +135,10 @@ class WgmmaVariant(InstructorVariant):
 
     def backward(self, case, x):
         from kernels.loader import ROOT, load_file
+        if not x.q.is_cuda or torch.cuda.get_device_capability(x.q.device) != (9, 0):
+            raise NotApplicable("the wgmma variant runs on sm_90 GPUs (H100, H200) only")
+        if case.dtype not in (torch.float16, torch.bfloat16):
+            raise NotApplicable("the one-pass backward takes float16 and bfloat16")
         path = ROOT / "solutions" / self.BACKWARD_FILE
         if not path.exists():
             raise NotApplicable(f"the one-pass backward is an instructor's file, solutions/{self.BACKWARD_FILE}")
@@ -144,8 +148,6 @@ class WgmmaVariant(InstructorVariant):
                                 f"{module.BLOCK_N}")
         opts = {"causal": case.causal, "window": case.window, "sink_tokens": case.sink_tokens}
         sinks = self._with_sinks(x.sinks)
-        if not x.q.is_cuda or torch.cuda.get_device_capability(x.q.device) != (9, 0):
-            raise NotApplicable("the wgmma variant runs on sm_90 GPUs (H100, H200) only")
         o, lse = self.module.flash_attention(x.q, x.k, x.v, **opts, **sinks)
         return (lambda: module.flash_attention_backward(x.q, x.k, x.v, o, lse, x.do, **opts, **sinks)), o
 

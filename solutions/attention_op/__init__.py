@@ -22,9 +22,9 @@ are called:
   CUDA kernel with wgmma (solutions/fast_variable_block_wgmma.cu, any head dim a multiple of 8,
   every mask): its plan builds it and times it against the Triton forward once per shape, and
   keeps the faster.  The backward of such a call may likewise be the one-pass CUDA backward
-  (solutions/fast_backward_wgmma.cu: head dims 64 and 128, N a multiple of 128), where its plan
-  times it faster and long enough to hide the host time it adds, unless deterministic algorithms
-  are asked for.  ``plans.KERNELS`` can pin stage 9's kernels (or, for tests, the TMA kernels
+  (solutions/fast_backward_wgmma.cu: head dims 64 and 128, N a multiple of 128), where its plan,
+  made at the first backward, times a call with it faster (the host time it adds counted), unless
+  deterministic algorithms are asked for.  ``plans.KERNELS`` can pin stage 9's kernels (or, for tests, the TMA kernels
   in Triton's CPU interpreter, or the wgmma kernels wherever they can run).
 
 * **Two ``torch.library.triton_op`` ops**, ``workbook::attention_forward`` (q, k, v, sinks ->

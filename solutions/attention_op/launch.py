@@ -127,9 +127,8 @@ def _choose(q, k, v, other, sinks, causal: bool, window: int, sink_tokens: int, 
     chosen = _chosen.get(key) if key is not None else None
     if chosen is None:
         plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
-        wanted = plan["tma"] or plan["wgmma"] is not None or plan["wgmma_backward"]
-        readable = wanted and tma_strides(q, k, v, other)
-        if wanted and not readable:
+        readable = (plan["tma"] or plan["wgmma"] is not None) and tma_strides(q, k, v, other)
+        if (plan["tma"] or plan["wgmma"] is not None) and not readable:
             plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)
         chosen = (plan, plan["tma"] and readable, plan["wgmma"] if readable else None)
         if key is not None:
@@ -210,7 +209,9 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
     plan, tma, _ = _choose(q, k, v, do, sinks, causal, window, sink_tokens, bnhd, key)
     # dQ's additions in the one pass have no fixed order: its results vary in the last bits.
-    one_pass = tma and plan["wgmma_backward"] and not torch.are_deterministic_algorithms_enabled()
+    one_pass = tma and not torch.are_deterministic_algorithms_enabled() and plans.backward_plan(
+        *(int(x) for x in (b, hq, hkv, nq, nk, d)), q.dtype, q.device, causal, window, sink_tokens,
+        sinks is not None)["wgmma_backward"]
     if one_pass and wgmma_op is not None:
         return wgmma_op(q, k, v, o, lse, do, sinks, causal, window, sink_tokens, scale)
     pad = _pow2(d)
