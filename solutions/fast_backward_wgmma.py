@@ -142,12 +142,12 @@ def call(lib: ctypes.CDLL, args: tuple, stream: int) -> None:
         raise RuntimeError(f"the one-pass wgmma backward failed: {lib.stage4w_error_string(err).decode()}")
 
 
-def fragments_view(t: torch.Tensor, strides: tuple | None = None) -> torch.Tensor:
+def fragments_view(t: torch.Tensor) -> torch.Tensor:
     """``t`` (B, H, N, D) as (B, H, tile, warp, i, g, w, j, t, e): row 64 tile + 16 warp + 8 i + g,
-    column w D / 2 + 8 j + 2 t + e, through ``strides`` (t's (batch, head, row, column) strides
-    when None), so that a (B, N, H, D) view is written where it lies."""
+    column w D / 2 + 8 j + 2 t + e, through t's own strides, so that a (B, N, H, D) tensor seen as
+    (B, H, N, D) is written where it lies."""
     B, H, N, D = t.shape
-    sb, sh, sn, sd = strides if strides is not None else t.stride()
+    sb, sh, sn, sd = t.stride()
     return t.as_strided((B, H, N // 64, 4, 2, 8, 2, D // 16, 4, 2),
                         (sb, sh, 64 * sn, 16 * sn, 8 * sn, sn, D // 2 * sd, 8 * sd, 2 * sd, sd))
 

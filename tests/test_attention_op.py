@@ -402,6 +402,13 @@ def test_compile_fullgraph_matches_eager(op, kernels, n):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m: f"tensor {i}: {m}")
 
 
+def _spy(op, monkeypatch, name: str) -> list:
+    """A list that gets an entry each time launch.py's ``name`` (a wgmma kernel's call) runs."""
+    ran, real = [], getattr(op.launch, name)
+    monkeypatch.setattr(op.launch, name, lambda *a, **kw: (ran.append(1), real(*a, **kw))[1])
+    return ran
+
+
 @wgmma_gpu
 @pytest.mark.parametrize("d, layout, options", [
     (72, "bnhd", dict(is_causal=True, window=40, sink_tokens=3, sinks=True)),
@@ -415,9 +422,7 @@ def test_the_wgmma_forward_behind_the_op_matches_the_reference(op, monkeypatch, 
     o and lse.  The compiled graph calls workbook::wgmma_forward, no copy of q, k or v around it."""
     from torch._inductor.utils import run_and_get_code
     monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
-    ran = []
-    real = op.launch._wgmma_forward
-    monkeypatch.setattr(op.launch, "_wgmma_forward", lambda *a, **kw: (ran.append(1), real(*a, **kw))[1])
+    ran = _spy(op, monkeypatch, "_wgmma_forward")
     q, k, v = _qkv(2, 8, 2, 150, 190, d, layout=layout, grad=True, seed=d)
     sinks = torch.randn(8, device=DEVICE, requires_grad=True) if options.get("sinks") else None
     mask = {key: value for key, value in options.items() if key != "sinks"}
@@ -475,9 +480,7 @@ def test_the_one_pass_backward_behind_the_op_matches_the_reference(op, monkeypat
     workbook::wgmma_backward, no copy of q, k or v around it."""
     from torch._inductor.utils import run_and_get_code
     monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
-    ran = []
-    real = op.launch._wgmma_backward
-    monkeypatch.setattr(op.launch, "_wgmma_backward", lambda *a, **kw: (ran.append(1), real(*a, **kw))[1])
+    ran = _spy(op, monkeypatch, "_wgmma_backward")
     q, k, v = _qkv(2, 8, 2, 256, 384, d, layout=layout, grad=True, seed=d)
     sinks = torch.randn(8, device=DEVICE, requires_grad=True) if options.get("sinks") else None
     mask = {key: value for key, value in options.items() if key != "sinks"}
@@ -517,9 +520,7 @@ def test_deterministic_algorithms_keep_the_triton_backward(op, monkeypatch):
     """dQ's additions in the one pass have no fixed order; asked for deterministic algorithms, the
     op runs the TMA backward, whose gradients repeat bit for bit."""
     monkeypatch.setattr(op.plans, "KERNELS", "wgmma")
-    ran = []
-    real = op.launch._wgmma_backward
-    monkeypatch.setattr(op.launch, "_wgmma_backward", lambda *a, **kw: (ran.append(1), real(*a, **kw))[1])
+    ran = _spy(op, monkeypatch, "_wgmma_backward")
     q, k, v = _qkv(1, 4, 2, 256, 256, 64, grad=True, seed=5)
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
