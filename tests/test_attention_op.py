@@ -220,8 +220,10 @@ def test_launch_plan_is_cached(op):
 
 
 def test_which_kernels_a_call_takes(op, monkeypatch):
-    """The TMA kernels take a call when its shape, dtype and device allow them and every tensor's
-    strides suit a descriptor; anything else goes to stage 9's kernels, with no copy."""
+    """The TMA kernels take a call when its shape, dtype and device allow them and the strides of
+    q, k and v suit a descriptor; anything else goes to stage 9's kernels, with no copy.  A dO
+    that no descriptor can read (a .sum()'s, of stride 0) is copied, and gives the gradients of
+    the same dO laid out in rows, bit for bit, as a compiled graph's contiguous dO does."""
     monkeypatch.setattr(op.plans, "KERNELS", "tma")
 
     def kernels_of(q, k, v, do=None, **options):
@@ -243,9 +245,15 @@ def test_which_kernels_a_call_takes(op, monkeypatch):
     assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
         "_flash_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
     monkeypatch.setattr(op.plans, "KERNELS", "tma")
-    forward_only = kernels_of(q, k, v, torch.ones(1, device=DEVICE, dtype=q.dtype).expand(q.shape),
-                              is_causal=True, enable_gqa=True, layout="bnhd")     # do with stride 0: .sum()'s
-    assert forward_only == ["_tma_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+    ones = torch.ones(1, device=DEVICE, dtype=q.dtype).expand(q.shape)          # dO of stride 0: .sum()'s
+    assert kernels_of(q, k, v, ones, is_causal=True, enable_gqa=True, layout="bnhd") == [
+        "_tma_forward_kernel", "_bwd_preprocess_kernel", "_tma_dkdv_kernel", "_tma_dq_kernel"]
+    monkeypatch.undo()
+    monkeypatch.setattr(op.plans, "KERNELS", "tma")
+    grads = [torch.autograd.grad(op.attention(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd"), (q, k, v),
+                                 do) for do in (ones, ones.contiguous())]
+    for name, expanded, rows in zip("qkv", *grads):
+        assert torch.equal(expanded, rows), f"d{name} of a dO of stride 0 differs from that of its copy"
     q, k, v = _qkv(1, 4, 2, 24, 24, 24, layout="bnhd", grad=True)          # D 24: no TMA tile
     assert kernels_of(q, k, v, is_causal=True, enable_gqa=True, layout="bnhd") == [
         "_flash_forward_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]

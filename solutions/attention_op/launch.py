@@ -202,12 +202,20 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     The one-pass wgmma backward where the plan and the strides allow it and no deterministic
     algorithms are asked for (inside the op, through ``wgmma_op``, the op that runs it), else the
     TMA dK/dV and dQ kernels where they allow them, else stage 9's; the first kernel (delta and
-    dsinks) is stage 9's either way.  ``keep``, a dict, receives the buffers allocated on the way
+    dsinks) is stage 9's either way.  Only q, k and v's strides choose: a dO no descriptor can
+    read is copied.  ``keep``, a dict, receives the buffers allocated on the way
     (``delta``, ``dsinks_part``), for native.py."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     v_strides, o_strides, do_strides = (_bhnd(t, bnhd)[1] for t in (v, o, do))
-    plan, tma, _ = _choose(q, k, v, do, sinks, causal, window, sink_tokens, bnhd, key)
+    # A dO that no descriptor can read (a .sum()'s has stride 0) is copied where the TMA kernels
+    # serve q, k and v: they are faster than stage 9's, and the call then gives the bits that a
+    # compiled graph (whose dO is contiguous) and native.py (which copies it as o) give.
+    readable = tma_strides(do)
+    plan, tma, _ = _choose(q, k, v, do if readable else q, sinks, causal, window, sink_tokens, bnhd, key)
+    if tma and not readable:
+        do = tma_forward.tma_ready(do)
+        do_strides = _bhnd(do, bnhd)[1]
     # dQ's additions in the one pass have no fixed order: its results vary in the last bits.
     one_pass = tma and not torch.are_deterministic_algorithms_enabled() and plans.backward_plan(
         *(int(x) for x in (b, hq, hkv, nq, nk, d)), q.dtype, q.device, causal, window, sink_tokens,
