@@ -784,6 +784,17 @@ def test_section_15_tables_are_the_committed_probes():
     assert (f"took {step['workbook-compiled']['step_ms']:.2f} ms compiled against FlexAttention's "
             f"{step['flex-compiled']['step_ms']:.2f} ms") in flat
     assert f"({step['workbook-compiled']['host_ms']:.2f} ms to issue a step)" in flat
+    rows = json.loads((ROOT / "docs" / "bench-train-h200.json").read_text())["rows"]
+    of = {(r["size"], r["provider"]): r for r in rows}
+    op, flex = ((of["b8n1024", p], of["b2n4096", p]) for p in ("workbook-compiled", "flex-compiled"))
+    assert (f"took {op[0]['step_ms']:.2f} ms compiled against FlexAttention's {flex[0]['step_ms']:.2f} at "
+            f"b8n1024, and {op[1]['step_ms']:.2f} ms against {flex[1]['step_ms']:.2f} at b2n4096") in flat
+    assert (f"kernels took {op[0]['attention_ms']:.2f} and {op[1]['attention_ms']:.2f} ms against "
+            f"FlexAttention's {flex[0]['attention_ms']:.2f} and {flex[1]['attention_ms']:.2f}") in flat
+    for name, lo, hi in (("kernel_ms", "busy for", "ms of"), ("step_ms", "ms of", "ms, with"),
+                         ("host_ms", "with", "ms of host time")):
+        values = [r[name] for r in (*op, *flex)]
+        assert f"{lo} {min(values):.2f}-{max(values):.2f} {hi}" in flat, name
 
 
 def test_the_one_pass_step_of_the_hopper_path_is_the_committed_bench_s():
