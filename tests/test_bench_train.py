@@ -1,8 +1,9 @@
 """``python -m grader bench train`` (grader/bench/train.py): what runs without a GPU.
 
 The timings themselves need a GPU; here: the command line refuses what it cannot do, the batches
-are the same for every provider, the model trains on the CPU with SDPA, the loss-curve check
-catches a disagreement, and the JSON merge keeps other sizes' rows.
+are the same for every provider, the model trains on the CPU with SDPA, the providers take turns
+in rounds of timed steps, the loss-curve check catches a disagreement, and the JSON merge keeps
+other sizes' rows.
 """
 
 import json
@@ -179,3 +180,77 @@ def test_the_attention_free_step_keeps_the_model_and_drops_attention():
     model(tokens, targets).backward()                                       # uncompiled: trains
     untouched = {n for n, p in model.named_parameters() if p.grad is None}
     assert untouched == {f"blocks.{i}.attn.{w}" for i in range(2) for w in ("kv.weight", "sinks")}
+
+
+@pytest.mark.parametrize("steps, count, expected", [
+    (20, 4, [range(0, 5), range(5, 10), range(10, 15), range(15, 20)]),
+    (7, 3, [range(0, 2), range(2, 4), range(4, 7)]),
+    (2, 4, [range(0, 1), range(1, 2)]),
+])
+def test_rounds_cover_every_timed_step_once_in_order(steps, count, expected):
+    assert bench_train.rounds(steps, count) == expected
+
+
+def test_providers_take_turns_in_each_round():
+    """Each provider runs all its timed steps, in order; in every round each one takes a share, with
+    the GPU synchronized before every share, so a slow spell of the host falls on all of them."""
+    log = []
+
+    class Run:
+        def __init__(self, name):
+            self.name = name
+
+        def timed(self, indices):
+            log.append((self.name, list(indices)))
+
+    bench_train.take_turns([Run("a"), Run("b"), Run("c")], 6, count=2, synchronize=lambda: log.append("sync"))
+    assert log == ["sync", ("a", [0, 1, 2]), "sync", ("b", [0, 1, 2]), "sync", ("c", [0, 1, 2]),
+                   "sync", ("a", [3, 4, 5]), "sync", ("b", [3, 4, 5]), "sync", ("c", [3, 4, 5])]
+
+
+def test_the_page_says_how_the_timed_steps_were_taken(tmp_path):
+    """A run that took turns says so on its page; a file written before (no "rounds") says nothing."""
+    rows = [_row("s", p, [2.0, 1.0]) for p in bench_train.SAME_MODEL]
+    doc = dict(gpu="GPU X", torch="t", loss_rtol=0.02, loss_gap=bench_train.agreement(rows), rows=rows)
+    assert "took turns" not in bench_train.markdown(doc, "f.json")
+    doc["rows"] = [{**r, "rounds": 4} for r in rows] + [{**_row("u", "flex-compiled", [2.0]), "rounds": 4}]
+    assert "At s, u the providers took turns: the timed steps ran in 4 rounds" in bench_train.markdown(doc, "f.json")
+
+
+def test_a_size_runs_its_providers_in_turns_end_to_end(monkeypatch):
+    """run_size on the CPU, with the GPU's clock, memory counters and profile stood in for: every
+    provider trains warm-up plus timed steps on the same batches, and its row has them all."""
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self):
+            self.at = len(order)
+
+        def elapsed_time(self, end):
+            return float(end.at - self.at)               # one step between: 1 ms
+
+    order = []
+    for name, value in (("synchronize", lambda: order.append("sync")), ("memory_allocated", lambda: 0),
+                        ("reset_peak_memory_stats", lambda: None), ("max_memory_allocated", lambda: 2 ** 20),
+                        ("Event", Event)):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(bench_train, "_what_paces", lambda model, opt, data: (1.0, 2.0, 0.5))
+    real = bench_train._train_step
+
+    def step(model, opt, tokens, targets):
+        order.append(model.attend.__name__)
+        return real(model, opt, tokens, targets)
+    monkeypatch.setattr(bench_train, "_train_step", step)
+    monkeypatch.setattr(bench_train, "_model", lambda size, provider, device: (m := bench_train.Decoder(
+        size, bench_train._sdpa_attend if provider == "sdpa-floor" else bench_train._free_attend), m))
+    size = bench_train.Size("t", 2, 32, 32, 2, 4, 2, head_dim=16, vocab=40, window=8)
+    with pytest.warns(UserWarning):                                        # autocast("cuda") off on the CPU
+        rows = bench_train.run_size(size, ["sdpa-floor", "attention-free"], warmup=1, steps=2 * bench_train.ROUNDS)
+    steps = [x for x in order if x != "sync"]
+    turn = ["_sdpa_attend"] * 2 + ["_free_attend"] * 2                       # each provider's share of a round
+    assert steps == ["_sdpa_attend", "_free_attend"] + turn * bench_train.ROUNDS
+    for r, provider in zip(rows, ["sdpa-floor", "attention-free"]):
+        assert r["provider"] == provider and r["rounds"] == bench_train.ROUNDS
+        assert len(r["losses"]) == 1 + 2 * bench_train.ROUNDS
+        assert r["peak_mib"] == 1 and r["host_ms"] == 1.0 and r["attention_ms"] == 0.5 and r["step_ms"] == 1.0

@@ -29,6 +29,11 @@ of the step's kernels, all of them and those of attention alone, from a profile 
 steps.  Where the host time is near the step time and the kernels take less, the step waits on
 the host, and a faster kernel cannot shorten it.  The batches repeat a random 64-token phrase, so
 the loss falls quickly once attention learns to copy, and a wrong attention shows in the curve.
+
+A size's providers are built, compiled and warmed up one after another, and then take turns: the
+timed steps run in rounds (``ROUNDS``), each provider taking its share of a round's steps in turn,
+so that a change in the host's pace during the run falls on every provider alike.  A small model's
+step mostly waits on the host, and that pace moves from one minute to the next.
 """
 
 from __future__ import annotations
@@ -230,36 +235,86 @@ def batches(size: Size, steps: int, device, phrase: int = 64):
 # The run.
 # =============================================================================================
 
+ROUNDS = 4                       # the timed steps run in this many rounds, the providers taking turns
+
+
+def rounds(steps: int, count: int = ROUNDS) -> list[range]:
+    """The timed steps' indices ``0 .. steps - 1`` in ``count`` rounds of consecutive steps, as even
+    as they divide (fewer rounds when there are fewer steps)."""
+    count = max(1, min(count, steps))
+    bounds = [steps * i // count for i in range(count + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def take_turns(runs: list, steps: int, count: int = ROUNDS, synchronize=None) -> None:
+    """Run every timed step of each of ``runs`` (``run.timed(indices)``), round by round, each run
+    taking its share of a round in turn; ``synchronize`` (the GPU's) before each share, so that no
+    share starts with the previous run's kernels still queued."""
+    for share in rounds(steps, count):
+        for run in runs:
+            if synchronize is not None:
+                synchronize()
+            run.timed(share)
+
+
+class _Provider:
+    """One provider's model and optimizer at one size: built, compiled and warmed up on creation,
+    then timed step by step (``timed``), then profiled (``row``)."""
+
+    def __init__(self, size: Size, provider: str, data: list, warmup: int):
+        self.size, self.provider, self.data, self.warmup = size, provider, data, warmup
+        resident = torch.cuda.memory_allocated()            # the providers built before this one
+        torch.cuda.reset_peak_memory_stats()
+        self.model, self.step_model = _model(size, provider, runtime.DEVICE)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=size.lr, weight_decay=0.01)
+        began = time.perf_counter()
+        self.losses = [_train_step(self.step_model, self.opt, *batch).detach() for batch in data[:warmup]]
+        torch.cuda.synchronize()
+        self.first_s = time.perf_counter() - began
+        self.peak = torch.cuda.max_memory_allocated() - resident
+        self.times: list = []
+
+    def timed(self, indices) -> None:
+        for i in indices:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = _train_step(self.step_model, self.opt, *self.data[self.warmup + i])
+            end.record()
+            self.losses.append(loss.detach())
+            self.times.append((start, end))
+
+    def row(self) -> dict:
+        torch.cuda.synchronize()
+        size, steps = self.size, len(self.times)
+        ms = statistics.median(s.elapsed_time(e) for s, e in self.times)
+        host_ms, kernel_ms, attention_ms = _what_paces(self.step_model, self.opt,
+                                                       self.data[self.warmup:self.warmup + min(PACE_STEPS, steps)])
+        return dict(size=size.name, provider=self.provider, batch=size.batch, seq=size.seq, d_model=size.d_model,
+                    layers=size.layers, heads=size.heads, kv_heads=size.kv_heads, head_dim=size.head_dim,
+                    window=size.window, lr=size.lr, step_ms=round(ms, 3),
+                    tokens_per_s=round(size.batch * size.seq / ms * 1e3), peak_mib=round(self.peak / 2 ** 20),
+                    warmup_s=round(self.first_s, 1),
+                    host_ms=round(host_ms, 3), kernel_ms=round(kernel_ms, 3), attention_ms=round(attention_ms, 3),
+                    losses=[round(x.item(), 4) for x in self.losses])
+
+
+def run_size(size: Size, providers: list[str], *, warmup: int, steps: int, say=None) -> list[dict]:
+    """One row per provider at ``size``: each built and warmed up in turn, then the timed steps
+    taken in rounds (``take_turns``), then each profiled.  ``say(text)`` hears of each provider ready."""
+    data = batches(size, warmup + steps, runtime.DEVICE)
+    runs = []
+    for provider in providers:
+        runs.append(_Provider(size, provider, data, warmup))
+        if say is not None:
+            say(f"  {size.name} {provider}: compiled and warmed up in {runs[-1].first_s:.0f} s, "
+                f"{runs[-1].peak / 2 ** 20:.0f} MiB")
+    take_turns(runs, steps, synchronize=torch.cuda.synchronize)
+    return [{**run.row(), "rounds": len(rounds(steps))} for run in runs]
+
+
 def run_one(size: Size, provider: str, *, warmup: int, steps: int) -> dict:
-    device = runtime.DEVICE
-    model, step_model = _model(size, provider, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
-    data = batches(size, warmup + steps, device)
-    losses, times = [], []
-    compile_start = time.perf_counter()
-    torch.cuda.reset_peak_memory_stats()
-    for i, (tokens, targets) in enumerate(data):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        loss = _train_step(step_model, opt, tokens, targets)
-        end.record()
-        losses.append(loss.detach())
-        if i >= warmup:
-            times.append((start, end))
-        if i == warmup - 1:
-            torch.cuda.synchronize()
-            first_s = time.perf_counter() - compile_start
-    torch.cuda.synchronize()
-    ms = statistics.median(s.elapsed_time(e) for s, e in times)
-    peak = torch.cuda.max_memory_allocated()
-    host_ms, kernel_ms, attention_ms = _what_paces(step_model, opt, data[warmup:warmup + PACE_STEPS])
-    return dict(size=size.name, provider=provider, batch=size.batch, seq=size.seq, d_model=size.d_model,
-                layers=size.layers, heads=size.heads, kv_heads=size.kv_heads, head_dim=size.head_dim,
-                window=size.window, lr=size.lr, step_ms=round(ms, 3),
-                tokens_per_s=round(size.batch * size.seq / ms * 1e3), peak_mib=round(peak / 2 ** 20),
-                warmup_s=round(first_s, 1),
-                host_ms=round(host_ms, 3), kernel_ms=round(kernel_ms, 3), attention_ms=round(attention_ms, 3),
-                losses=[round(x.item(), 4) for x in losses])
+    """One provider's row at ``size``, run alone."""
+    return run_size(size, [provider], warmup=warmup, steps=steps)[0]
 
 
 PACE_STEPS = 3                   # steps of each kind that _what_paces times (on the first timed steps' batches again)
@@ -369,7 +424,7 @@ def markdown(doc: dict, source: str) -> str:
     out = ["# A training step", "",
            f"Generated by `python -m grader bench report {source}` from what `python -m grader bench train "
            "--json FILE` wrote; edit the JSON's run, not this page. Each size's providers ran in the same run on "
-           "the same batches (grader/bench/train.py describes the model and the providers).", "",
+           "the same batches (grader/bench/train.py describes the model and the providers)." + _turns(rows), "",
            f"- machine: {doc.get('gpu', 'not recorded')}", f"- software: {software or 'not recorded'}", "",
            "| size | provider | step ms | host ms | kernels ms | attention kernels ms | tokens/s | peak MiB | "
            "speed vs flex-compiled | first loss | last loss |",
@@ -399,6 +454,16 @@ def markdown(doc: dict, source: str) -> str:
         out.append(f"- {size}: {', '.join(_same_model(rows, size))} {'agree' if gap <= limit else 'DISAGREE'} "
                    f"(largest relative gap {gap:.2%})")
     return "\n".join(out) + "\n"
+
+
+def _turns(rows: list[dict]) -> str:
+    """The page's sentence on how the timed steps of each size were taken, where the rows say."""
+    taken = {}
+    for r in rows:
+        if r.get("rounds"):
+            taken.setdefault(r["rounds"], []).append(r["size"])
+    return "".join(f" At {', '.join(dict.fromkeys(sizes))} the providers took turns: the timed steps ran in {n} "
+                   f"rounds, each provider taking its share of a round in turn." for n, sizes in sorted(taken.items()))
 
 
 def write_json(rows: list[dict], gaps: dict[str, float], path: str) -> None:
@@ -444,13 +509,11 @@ def main(*, sizes: str | None = None, providers: str | None = None, steps: int =
           f"{warmup} warm-up and {steps} timed steps each", flush=True)
     rows = []
     for name in sizes:
-        for provider in providers:
-            began = time.perf_counter()
-            rows.append(run_one(SIZES[name], provider, warmup=warmup, steps=steps))
-            r = rows[-1]
-            print(f"  {name} {provider}: {r['step_ms']:.2f} ms/step, {r['tokens_per_s']} tokens/s, "
-                  f"{r['peak_mib']} MiB ({time.perf_counter() - began:.0f} s)", flush=True)
-            torch.cuda.empty_cache()
+        began = time.perf_counter()
+        rows += run_size(SIZES[name], providers, warmup=warmup, steps=steps, say=lambda text: print(text, flush=True))
+        print(f"  {name}: {len(providers)} providers in {time.perf_counter() - began:.0f} s, the timed steps in "
+              f"{len(rounds(steps))} rounds", flush=True)
+        torch.cuda.empty_cache()
     gaps = agreement(rows)
     print()
     print(table(rows, gaps))
