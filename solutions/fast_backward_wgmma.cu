@@ -57,6 +57,9 @@
 #ifndef BWD_DQ_EARLY                      // 1: dQ's product goes before dK's, and dQ is stored while dK runs
 #define BWD_DQ_EARLY 1
 #endif
+#ifndef BWD_PREFETCH                      // 1: the next step's S^T is issued right after this step's dP^T,
+#define BWD_PREFETCH 0                    // so that it multiplies while this step's P, dS and dQ are made
+#endif                                    // (a probe variant: it waits for the next stage a step early)
 #ifndef BWD_LEAVE_OUT                     // a diagnostic, wrong by design: 1 leaves out dQ's additions,
 #define BWD_LEAVE_OUT 0                   // 2 its product too, so that their cost can be timed
 #endif
@@ -70,6 +73,7 @@ template <int D, int WG, int NS>
 struct Config {
     static_assert(D % 64 == 0 && D <= 128, "the probe takes head dims 64 and 128");
     static_assert(WG == 2, "two consumer warpgroups");
+    static_assert(!BWD_PREFETCH || D == 64, "BWD_PREFETCH: at D 128 the next step's S^T spills registers");
     static_assert(BWD_DQ_BUFFERS == 1 || BWD_DQ_BUFFERS == 2, "one or two dQ buffers a warpgroup");
     static constexpr int BN = 64 * WG;                  // keys a block
     static constexpr int BM = 64;                       // queries a step
@@ -280,22 +284,53 @@ backward_kernel(const __grid_constant__ Params p) {
     const bool sink_row[2] = {n0 + krow < p.sink_tokens, n0 + krow + 8 < p.sink_tokens};
     const uint32_t sK_dq = sK + (c0 / 64) * BN * 128 + (c0 % 64) * 2;
 
+    // S^T of the step whose Q lies in stage s: keys of this warpgroup against the stage's queries.
+    auto issue_s = [&](float (&acc)[BM / 2], int s) {
+        const uint32_t q_t = sQ + s * C::Q_BYTES;
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) Wgmma<BM, T>::ss(acc, rows_desc(sK, BN, 64 * wg, kk), rows_desc(q_t, BM, 0, kk), kk > 0);
+        wgmma_commit();
+    };
     mbar_wait(bar_kv, 0);
-    for (int it = 0, gh = 0, mi = 0; it < n_iters; ++it, next(gh, mi)) {
+    // With BWD_PREFETCH a step's S^T is multiplied into st_next (the first step's here, each
+    // other's by the step before) and copied into st when the step begins: st itself is never an
+    // accumulator, so that ptxas sees no register of a product in flight being written.
+    float st[BM / 2];
+    [[maybe_unused]] float st_next[BM / 2];
+    if (BWD_PREFETCH && n_iters > 0) {
+        mbar_wait(full(0), 0);
+        wgmma_fence();
+        issue_s(st_next, 0);
+    }
+    // One step; ``ahead`` (a type, so that every wait matches its issues in the code ptxas sees):
+    // whether it issues the next step's S^T.
+    int it = 0, gh = 0, mi = 0;                           // the step, and its query head and block
+    auto step = [&](auto ahead_t) {
         const int s = it % NS, buf = it & 1, m = block_at(mi) * BM, hq = hkv * group + gh;
         const uint32_t q_t = sQ + s * C::Q_BYTES, do_t = sdO + s * C::Q_BYTES;
-        float st[BM / 2], dpt[BM / 2];
+        constexpr bool ahead = decltype(ahead_t)::value;  // the next step's S^T is issued in this one
+        float dpt[BM / 2];
         mbar_wait(full(s), (it / NS) & 1);
+        if constexpr (BWD_PREFETCH != 0) {               // this step's S^T, issued before it began
+            wgmma_wait<0>();
+            hold(st_next);
+            #pragma unroll
+            for (int j = 0; j < BM / 2; ++j) st[j] = st_next[j];
+        }
         wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) Wgmma<BM, T>::ss(st, rows_desc(sK, BN, 64 * wg, kk), rows_desc(q_t, BM, 0, kk), kk > 0);
-        wgmma_commit();
+        if (!BWD_PREFETCH) issue_s(st, s);
         #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) Wgmma<BM, T>::ss(dpt, rows_desc(sV, BN, 64 * wg, kk), rows_desc(do_t, BM, 0, kk), kk > 0);
         wgmma_commit();
+        if constexpr (ahead) {
+            const int s1 = (it + 1) % NS;
+            mbar_wait(full(s1), ((it + 1) / NS) & 1);
+            issue_s(st_next, s1);
+        }
         const float* lse = stat + s * 2 * BM;
         const float* delta = lse + BM;
-        wgmma_wait<1>();
+        if constexpr (ahead) wgmma_wait<2>();             // S^T done; dP^T and the next S^T may run on
+        else wgmma_wait<1>();
         hold(st);
         // P^T = exp2(S^T scale log2(e) - lse log2(e)), then, in blocks that the rule cuts, the
         // workbook's rule (causal, and in the window or a sink token) by bitwise tests and a select.
@@ -319,7 +354,8 @@ backward_kernel(const __grid_constant__ Params p) {
         };
         if (CAUSAL && !(m >= full_lo && m + BM <= full_hi)) probabilities(std::true_type{});
         else probabilities(std::false_type{});
-        wgmma_wait<0>();
+        if constexpr (ahead) wgmma_wait<1>();
+        else wgmma_wait<0>();
         hold(dpt);
         #pragma unroll
         for (int j = 0; j < BM / 8; ++j) {
@@ -393,7 +429,7 @@ backward_kernel(const __grid_constant__ Params p) {
         for (int kk = 0; kk < BM / 16; ++kk) { hold(pa[kk]); hold(da[kk]); }
         if (lane == 0) mbar_arrive(empty(s));
         // dQ rows m + 16 w4 + g (+ 8), columns c0 + 8 j + 2 t
-        if (BWD_DQ_TMA == 2) continue;
+        if (BWD_DQ_TMA == 2) return;
         if (BWD_DQ_TMA == 1 && !BWD_LEAVE_OUT) {
             // Into this warpgroup's buffer (once the reduce-add that last used it has read it), then
             // one thread hands it to the TMA, which adds it into global memory while the loop goes on.
@@ -416,7 +452,7 @@ backward_kernel(const __grid_constant__ Params p) {
                 tma_reduce_add(&p.tm_dq, dqs, c0, m, hq, b);
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             }
-            continue;
+            return;
         }
         float* row = p.dq + (rows_of(gh) + m + 16 * w4 + g) * D + c0 + 2 * t;
         #pragma unroll
@@ -424,6 +460,10 @@ backward_kernel(const __grid_constant__ Params p) {
             atomicAdd(reinterpret_cast<float2*>(row + 8 * j), make_float2(dq[4 * j], dq[4 * j + 1]));
             atomicAdd(reinterpret_cast<float2*>(row + 8 * D + 8 * j), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
         }
+    };
+    for (; it < n_iters; ++it, next(gh, mi)) {
+        if (BWD_PREFETCH && it + 1 < n_iters) step(std::bool_constant<BWD_PREFETCH != 0>{});
+        else step(std::false_type{});
     }
     if (BWD_DQ_TMA == 1 && tid % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
     // dV and dK (scaled) of keys n0 + krow (+ 8), columns 8 j + 2 t

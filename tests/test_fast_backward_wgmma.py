@@ -34,7 +34,8 @@ def fast():
                                                   (64, "2x2-tma2", 0), (128, "2x3-tma1", 0),
                                                   (128, "2x2-atomic", 0), (128, "2x2-tma2", 1), (64, "2x2-atomic", 2),
                                                   (64, "2x2-warp1-order", 0), (128, "2x2-warp2-early", 0),
-                                                  (128, "2x2-warp1", 1)])
+                                                  (128, "2x2-warp1", 1), (64, "2x3-warp1-early-prefetch", 0),
+                                                  (64, "2x2-warp1-early-prefetch", 0)])
 def test_each_variant_compiles_for_hopper(d, config, leave_out, tmp_path):
     """The probe builds the kernel's variants on the GPU machine (the first two are the fast
     path's defaults); here, without a GPU, each kind compiles for sm_90a with no spilled
@@ -98,15 +99,29 @@ def test_the_fast_paths_own_source_compiles_alone(fast, tmp_path):
     assert done.ok, done.output[-2000:]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(cuda_build.nvcc() is None, reason="nvcc not found")
+def test_prefetching_at_head_dim_128_is_refused_when_it_compiles():
+    """The prefetching variant holds the next step's S^T beside dK, dV and dQ: at head dim 128 that
+    spills registers, so the source refuses it with a message rather than build a slow kernel."""
+    done = cuda_build.compile_only(ROOT / "solutions" / "fast_backward_wgmma.cu", arch="sm_90a",
+                                   defines={"HEAD_DIM": 128, "BWD_STAGES": 3, "BWD_PREFETCH": 1})
+    assert not done.ok and "BWD_PREFETCH: at D 128 the next step's S^T spills registers" in done.output
+
+
 @pytest.mark.parametrize("text", ["2x2", "1x2-tma2", "2x2-tma3", "2x2-atomics", "2xa-tma1", "2x5-atomic",
-                                  "2x2-warp", "2x2-warp1-late", "2x2-early", "2x2-warp1-order-early"])
+                                  "2x2-warp", "2x2-warp1-late", "2x2-early", "2x2-warp1-order-early",
+                                  "2x2-warp1-order-prefetch"])
 def test_the_probe_names_a_bad_configuration(text):
     probe = load_file(PROBE)
     with pytest.raises(SystemExit, match="--configs"):
         probe.parse_config(text)
-    assert probe.parse_config("2x3-tma1") == (3, 1, 1, 0, 0) and probe.parse_config("2x2-atomic") == (2, 0, 0, 0, 0)
-    assert probe.parse_config("2x2-warp2-early") == (2, 2, 2, 1, 0)
-    assert probe.parse_config("2x2-warp1-early-order") == (2, 2, 1, 1, 1)
+    assert probe.parse_config("2x3-tma1") == (3, 1, 1, 0, 0, 0)
+    assert probe.parse_config("2x2-atomic") == (2, 0, 0, 0, 0, 0)
+    assert probe.parse_config("2x2-warp2-early") == (2, 2, 2, 1, 0, 0)
+    assert probe.parse_config("2x2-warp1-early-order") == (2, 2, 1, 1, 1, 0)
+    assert probe.parse_config("2x3-warp1-early-prefetch-order") == (3, 2, 1, 1, 1, 1)
+    assert probe.head_dims("2x3-warp1-early-prefetch") == (64,) and probe.head_dims("2x2-warp1") == (64, 128)
 
 
 def _fragment_order(rows: torch.Tensor) -> torch.Tensor:

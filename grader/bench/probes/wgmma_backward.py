@@ -9,8 +9,10 @@ between them through shared memory for dQ, and dQ added into a float32 buffer th
 block of a row shares: by the TMA's reduce-add from one or two buffers in shared memory a
 warpgroup (``tma1``, ``tma2``), by vector atomics from the registers (``atomic``), or stored in
 fragment order for a writer warp to add (``warp1``, ``warp2``). ``-early`` puts dQ's product
-before dK's so that dQ is stored while dK runs; ``-order`` launches causal key blocks longest
-first and starts dense ones at staggered query blocks.
+before dK's so that dQ is stored while dK runs; ``-prefetch`` issues each step's S^T in the step
+before, right after that step's dP^T, so that it multiplies while P, dS and dQ are made (head dim
+64 only: at 128 its registers spill); ``-order`` launches causal key blocks longest first and
+starts dense ones at staggered query blocks.
 Each variant runs through solutions/fast_backward_wgmma.py's ``flash_attention_backward``.
 ``--leave-out`` also times the first configuration built without dQ's additions, and without dQ
 altogether: diagnostics whose gradients are wrong by design, to show what the additions cost.
@@ -54,26 +56,32 @@ _fused = load_file(HERE / "fused_dq_backward.py")     # its inputs, float32 refe
 DQ_MODES = {"atomic": 0, "tma": 1, "warp": 2}     # how dQ is added: BWD_DQ_TMA in solutions/fast_backward_wgmma.cu
 
 
-def parse_config(text: str) -> tuple[int, int, int, int, int]:
-    """'2x2-tma2' -> (stages 2, dQ by the consumers' TMA reduce-add 1, 2 buffers, early 0, order 0);
-    '2x3-atomic' -> (3, atomics 0, 0, 0, 0); '2x2-warp1-early-order' -> (2, a writer warp 2, 1 buffer,
-    dQ's product before dK's 1, blocks reordered 1)."""
-    found = re.fullmatch(r"2x([234])-(atomic|tma[12]|warp[12])(-early)?(-order)?", text)
+def parse_config(text: str) -> tuple[int, int, int, int, int, int]:
+    """'2x2-tma2' -> (stages 2, dQ by the consumers' TMA reduce-add 1, 2 buffers, early 0, order 0,
+    prefetch 0); '2x3-atomic' -> (3, atomics 0, 0, 0, 0, 0); '2x2-warp1-early-order' -> (2, a writer
+    warp 2, 1 buffer, dQ's product before dK's 1, blocks reordered 1, 0); '2x3-warp1-early-prefetch'
+    -> (3, 2, 1, 1, 0, the next step's S^T issued a step ahead 1: head dim 64 only)."""
+    found = re.fullmatch(r"2x([234])-(atomic|tma[12]|warp[12])(-early)?(-prefetch)?(-order)?", text)
     if not found:
-        raise SystemExit(f"--configs: {text!r} is not 2xSTAGES-DQ[-early][-order], with STAGES 2, 3 or 4 "
-                         "and DQ one of atomic, tma1, tma2, warp1, warp2")
-    stages, dq, early, order = found.groups()
+        raise SystemExit(f"--configs: {text!r} is not 2xSTAGES-DQ[-early][-prefetch][-order], with STAGES 2, 3 "
+                         "or 4 and DQ one of atomic, tma1, tma2, warp1, warp2")
+    stages, dq, early, prefetch, order = found.groups()
     mode = DQ_MODES[dq.rstrip("12")]
-    return int(stages), mode, int(dq[-1]) if mode else 0, int(bool(early)), int(bool(order))
+    return int(stages), mode, int(dq[-1]) if mode else 0, int(bool(early)), int(bool(order)), int(bool(prefetch))
+
+
+def head_dims(config: str) -> tuple[int, ...]:
+    """The head dims a configuration builds for: a prefetching one's registers fit at 64 only."""
+    return (64,) if parse_config(config)[5] else (64, 128)
 
 
 def nvcc_command(d: int, config: str, leave_out: int = 0) -> list[str]:
     """nvcc's command line for one head dim and configuration, less what it makes and where."""
-    stages, dq_mode, buffers, early, _ = parse_config(config)      # the order is chosen per call
+    stages, dq_mode, buffers, early, _, prefetch = parse_config(config)      # the order is chosen per call
     return [cuda_build.nvcc(), "-O3", "-std=c++17", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a",
             f"-I{ROOT / 'solutions'}", f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_mode}",
-            f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_DQ_EARLY={early}", f"-DBWD_LEAVE_OUT={leave_out}",
-            str(CU_FILE)]
+            f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_DQ_EARLY={early}", f"-DBWD_PREFETCH={prefetch}",
+            f"-DBWD_LEAVE_OUT={leave_out}", str(CU_FILE)]
 
 
 def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
@@ -176,8 +184,8 @@ def main() -> int:
     configs = args.configs.split(",")
     for c in configs:
         parse_config(c)
-    wanted = [(d, c, 0) for d in (64, 128) for c in configs]
-    wanted += [(d, configs[0], n) for d in (64, 128) for n in (1, 2) if args.leave_out]
+    wanted = [(d, c, 0) for c in configs for d in head_dims(c)]
+    wanted += [(d, configs[0], n) for d in head_dims(configs[0]) for n in (1, 2) if args.leave_out]
     with ThreadPoolExecutor(max_workers=8) as pool:                # nvcc runs on one core each
         built = dict(zip(wanted, pool.map(lambda w: build(w[0], w[1], folder, leave_out=w[2]), wanted)))
     libs = {(d, c): lib for (d, c, n), lib in built.items() if not n}
@@ -202,7 +210,7 @@ def main() -> int:
     def check(d, fields, want, run):
         """``run(lib)``'s gradients against ``want`` for every configuration at head dim ``d``,
         kept as a check row with ``fields``; a configuration off by more than MAX_ERROR is not timed."""
-        for c in configs:
+        for c in (c for c in configs if (d, c) in libs):
             try:
                 err, note = _fused._error(run(libs[d, c]), want), ""
             except Exception as e:               # a probe reports and goes on
@@ -264,7 +272,7 @@ def main() -> int:
         want = _fused._reference(q, k, v, do, causal)
         record = recorder(name, flops)
         print(name, flush=True)
-        for c in configs:
+        for c in (c for c in configs if (d, c) in libs):
             if not ok[d, c]:
                 record(f"wgmma-{c}", None, "not timed: wrong on the small checks")
                 continue
