@@ -1,0 +1,115 @@
+"""Probe: would the attention kernels of ``python -m grader bench train`` be faster with timed plans?
+
+Below ``kernels.tuning.TUNE_FROM`` (query, key) pairs a head (2048 x 2048) the op's plans take
+each table's first tile untimed, and never consider the wgmma forward or the one-pass backward.
+Bench train's b8n1024 layers (1024 x 1024 pairs) are below it, its b2n4096 layers above.  This
+trains bench train's model, compiled, with the op as committed (``workbook-compiled``), with
+``TUNE_FROM`` lowered to 1 so that every plan is timed (``workbook-compiled-timed``), and with
+FlexAttention (``flex-compiled``), one after another in one process on the same batches; for
+each, the GPU time of the step's attention kernels from a profile of a few steps, and each
+attention kernel's share, by name.
+
+    python grader/bench/probes/train_tiles.py [--sizes b8n1024,b2n4096] [--json PATH]     (a CUDA GPU)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+from kernels import runtime, tuning  # noqa: E402  (runtime decides TRITON_INTERPRET first)
+from kernels.loader import ROOT, load_package  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from grader.bench import train as bench_train  # noqa: E402
+
+WARMUP, PROFILED = 3, 5                   # steps before the profile (the compile among them), and in it
+#: (row name, bench train's provider, TUNE_FROM for the run: None keeps the committed one)
+RUNS = (("flex-compiled", "flex-compiled", None), ("workbook-compiled", "workbook-compiled", None),
+        ("workbook-compiled-timed", "workbook-compiled", 1))
+
+
+def attention_kernels(step_model, opt, data) -> dict[str, float]:
+    """Milliseconds a step of each attention kernel (bench train's ``is_attention_kernel``), from a
+    profile of training steps on ``data``."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for tokens, targets in data:
+            bench_train._train_step(step_model, opt, tokens, targets)
+        torch.cuda.synchronize()
+    ms: dict[str, float] = {}
+    for e in prof.events():
+        if (e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+                and bench_train.is_attention_kernel(e.name)):
+            ms[e.name] = ms.get(e.name, 0.0) + e.device_time_total / len(data) / 1e3
+    return ms
+
+
+def run(size: bench_train.Size, name: str, provider: str, tune_from: int | None) -> dict:
+    """One row: ``provider`` trained at ``size`` with ``TUNE_FROM`` set to ``tune_from`` (None: as committed)."""
+    op = load_package(ROOT / "solutions" / "attention_op")
+    committed = tuning.TUNE_FROM
+    tuning.TUNE_FROM = committed if tune_from is None else tune_from
+    for cache in (op.plans._plans, op.plans._backward_plans, op.launch._chosen):
+        cache.clear()                                   # plans made under another TUNE_FROM
+    torch._dynamo.reset()                               # and graphs traced with them
+    try:
+        model, step_model = bench_train._model(size, provider, runtime.DEVICE)
+        opt = torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
+        data = bench_train.batches(size, WARMUP + PROFILED, runtime.DEVICE)
+        for tokens, targets in data[:WARMUP]:
+            bench_train._train_step(step_model, opt, tokens, targets)
+        torch.cuda.synchronize()
+        kernels = attention_kernels(step_model, opt, data[WARMUP:])
+    finally:
+        tuning.TUNE_FROM = committed
+    return dict(size=size.name, run=name, provider=provider, tune_from=tuning.TUNE_FROM if tune_from is None
+                else tune_from, attention_ms=round(sum(kernels.values()), 4),
+                kernels={k: round(v, 4) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])})
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The table the probe prints last: each row's attention kernels against FlexAttention's of its size."""
+    lines = ["| size | run | TUNE_FROM | attention kernels ms | FlexAttention's over it |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        flex = next((x for x in rows if x["size"] == r["size"] and x["run"] == "flex-compiled"), None)
+        ratio = f"{flex['attention_ms'] / r['attention_ms']:.2f}x" if flex and r["attention_ms"] else "-"
+        lines.append(f"| {r['size']} | {r['run']} | {r['tune_from']} | {r['attention_ms']:.3f} | {ratio} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default=",".join(bench_train.SMALL), help="bench train's sizes, comma-separated")
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "train-tiles.json"))
+    args = parser.parse_args(argv)
+    sizes = [s for s in args.sizes.split(",") if s]
+    unknown = [s for s in sizes if s not in bench_train.SIZES]
+    if unknown or not sizes:
+        parser.error(f"--sizes: unknown {', '.join(map(repr, unknown)) or '(none given)'}; "
+                     f"known: {', '.join(bench_train.SIZES)}")
+    if not runtime.ON_GPU:
+        print(f"this probe trains on a CUDA GPU, and none is visible here ({runtime.describe()})", file=sys.stderr)
+        return 2
+    doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               command="python grader/bench/probes/train_tiles.py", rows=[])
+    for size in sizes:
+        for name, provider, tune_from in RUNS:
+            doc["rows"].append(run(bench_train.SIZES[size], name, provider, tune_from))
+            r = doc["rows"][-1]
+            print(f"{size} {name}: attention kernels {r['attention_ms']:.3f} ms a step", flush=True)
+            for kernel, ms in r["kernels"].items():
+                print(f"    {ms:7.3f} ms  {kernel[:110]}", flush=True)
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+    print("\n".join(summary(doc["rows"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
