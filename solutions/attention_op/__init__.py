@@ -16,7 +16,9 @@ are called:
   fast_backward_tma.py when the head dim is a power of two, the dtype float16 or bfloat16, and
   every tensor's strides suit a TMA descriptor (last stride 1, start and other strides on 16
   bytes: a (B, N, H, D) tensor from a projection does); anything else goes to stage 9's
-  kernels, which take any head dim and strides.  Neither copies an input.  The backward's first
+  kernels, which take any head dim and strides.  Neither copies an input; only a dO that no
+  descriptor can read (a ``.sum()`` loss gives one of stride 0) is copied, so that such a
+  backward takes the TMA kernels as a compiled graph does, with the same bits.  The backward's first
   kernel (delta and dsinks) is stage 9's either way, and a forward of one set and a backward of
   the other agree on o and lse.  On the same GPUs the forward of a long call may be stage 4's
   CUDA kernel with wgmma (solutions/fast_variable_block_wgmma.cu, any head dim a multiple of 8,
