@@ -814,14 +814,15 @@ def test_the_train_tiles_probe_compares_each_run_with_flexattention_of_its_size(
     """train_tiles.py's last table divides FlexAttention's attention kernel time by each run's of the
     same size; its sizes are bench train's, an unknown one is named; without a GPU it says so."""
     probe = _probe("train_tiles")
-    rows = [dict(size=s, run=r, tune_from=t, attention_ms=ms) for s, r, t, ms in (
+    rows = [dict(size=s, run=r, tune_from=t, host_ms=2.0, attention_ms=ms) for s, r, t, ms in (
         ("a", "flex-compiled", 4, 0.6), ("a", "workbook-compiled", 4, 0.5), ("a", "workbook-compiled-timed", 1, 0.4),
         ("b", "workbook-compiled", 4, 1.0))]
-    assert probe.summary(rows)[2:] == ["| a | flex-compiled | 4 | 0.600 | 1.00x |",
-                                       "| a | workbook-compiled | 4 | 0.500 | 1.20x |",
-                                       "| a | workbook-compiled-timed | 1 | 0.400 | 1.50x |",
-                                       "| b | workbook-compiled | 4 | 1.000 | - |"]
-    assert {p for _, p, _ in probe.RUNS} <= set(probe.bench_train.PROVIDERS)
+    assert probe.summary(rows)[2:] == ["| a | flex-compiled | 4 | 2.00 | 0.600 | 1.00x |",
+                                       "| a | workbook-compiled | 4 | 2.00 | 0.500 | 1.20x |",
+                                       "| a | workbook-compiled-timed | 1 | 2.00 | 0.400 | 1.50x |",
+                                       "| b | workbook-compiled | 4 | 2.00 | 1.000 | - |"]
+    assert {p for _, p, _, _ in probe.RUNS} <= set(probe.bench_train.PROVIDERS)
+    assert {k for _, _, _, k in probe.RUNS} <= {"auto", "tma"}
     with pytest.raises(SystemExit):
         probe.main(["--sizes", "b8n1024,huge"])
     assert "--sizes: unknown 'huge'" in capsys.readouterr().err

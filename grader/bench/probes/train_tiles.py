@@ -4,10 +4,12 @@ Below ``kernels.tuning.TUNE_FROM`` (query, key) pairs a head (2048 x 2048) the o
 each table's first tile untimed, and never consider the wgmma forward or the one-pass backward.
 Bench train's b8n1024 layers (1024 x 1024 pairs) are below it, its b2n4096 layers above.  This
 trains bench train's model, compiled, with the op as committed (``workbook-compiled``), with
-``TUNE_FROM`` lowered to 1 so that every plan is timed (``workbook-compiled-timed``), and with
-FlexAttention (``flex-compiled``), one after another in one process on the same batches; for
-each, the GPU time of the step's attention kernels from a profile of a few steps, and each
-attention kernel's share, by name.
+``TUNE_FROM`` lowered to 1 so that every plan is timed (``workbook-compiled-timed``), with the
+op's Triton kernels alone (``workbook-compiled-tma``: in a compiled graph the wgmma forward is an
+opaque op whose Python runs every call), and with FlexAttention (``flex-compiled``), one after
+another in one process on the same batches; for each, the host time to issue a step, the GPU
+time of the step's attention kernels from a profile of a few steps, and each attention kernel's
+share, by name.
 
     python grader/bench/probes/train_tiles.py [--sizes b8n1024,b2n4096] [--json PATH]     (a CUDA GPU)
 """
@@ -16,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 sys.path.insert(0, os.getcwd())
 from kernels import runtime, tuning  # noqa: E402  (runtime decides TRITON_INTERPRET first)
@@ -28,9 +32,11 @@ import triton  # noqa: E402
 from grader.bench import train as bench_train  # noqa: E402
 
 WARMUP, PROFILED = 3, 5                   # steps before the profile (the compile among them), and in it
-#: (row name, bench train's provider, TUNE_FROM for the run: None keeps the committed one)
-RUNS = (("flex-compiled", "flex-compiled", None), ("workbook-compiled", "workbook-compiled", None),
-        ("workbook-compiled-timed", "workbook-compiled", 1))
+#: (row name, bench train's provider, TUNE_FROM for the run: None keeps the committed one, the op's
+#: kernel set: plans.KERNELS, "tma" for the Triton kernels alone, no wgmma forward or one pass)
+RUNS = (("flex-compiled", "flex-compiled", None, "auto"), ("workbook-compiled", "workbook-compiled", None, "auto"),
+        ("workbook-compiled-timed", "workbook-compiled", 1, "auto"),
+        ("workbook-compiled-tma", "workbook-compiled", None, "tma"))
 
 
 def attention_kernels(step_model, opt, data) -> dict[str, float]:
@@ -49,11 +55,14 @@ def attention_kernels(step_model, opt, data) -> dict[str, float]:
     return ms
 
 
-def run(size: bench_train.Size, name: str, provider: str, tune_from: int | None) -> dict:
-    """One row: ``provider`` trained at ``size`` with ``TUNE_FROM`` set to ``tune_from`` (None: as committed)."""
+def run(size: bench_train.Size, name: str, provider: str, tune_from: int | None, kernel_set: str = "auto") -> dict:
+    """One row: ``provider`` trained at ``size`` with ``TUNE_FROM`` set to ``tune_from`` (None: as
+    committed) and the op's ``plans.KERNELS`` to ``kernel_set``: the attention kernels' GPU time
+    and the host time to issue a step (bench train's measure: a median, the GPU idle at the start)."""
     op = load_package(ROOT / "solutions" / "attention_op")
     committed = tuning.TUNE_FROM
     tuning.TUNE_FROM = committed if tune_from is None else tune_from
+    op.plans.KERNELS = kernel_set
     for cache in (op.plans._plans, op.plans._backward_plans, op.launch._chosen):
         cache.clear()                                   # plans made under another TUNE_FROM
     torch._dynamo.reset()                               # and graphs traced with them
@@ -63,23 +72,32 @@ def run(size: bench_train.Size, name: str, provider: str, tune_from: int | None)
         data = bench_train.batches(size, WARMUP + PROFILED, runtime.DEVICE)
         for tokens, targets in data[:WARMUP]:
             bench_train._train_step(step_model, opt, tokens, targets)
+        host = []
+        for tokens, targets in data[WARMUP:]:
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            bench_train._train_step(step_model, opt, tokens, targets)
+            host.append((time.perf_counter() - began) * 1e3)
         torch.cuda.synchronize()
         kernels = attention_kernels(step_model, opt, data[WARMUP:])
     finally:
         tuning.TUNE_FROM = committed
+        op.plans.KERNELS = "auto"
     return dict(size=size.name, run=name, provider=provider, tune_from=tuning.TUNE_FROM if tune_from is None
-                else tune_from, attention_ms=round(sum(kernels.values()), 4),
+                else tune_from, kernel_set=kernel_set, host_ms=round(statistics.median(host), 3),
+                attention_ms=round(sum(kernels.values()), 4),
                 kernels={k: round(v, 4) for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])})
 
 
 def summary(rows: list[dict]) -> list[str]:
     """The table the probe prints last: each row's attention kernels against FlexAttention's of its size."""
-    lines = ["| size | run | TUNE_FROM | attention kernels ms | FlexAttention's over it |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| size | run | TUNE_FROM | host ms a step | attention kernels ms | FlexAttention's over it |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         flex = next((x for x in rows if x["size"] == r["size"] and x["run"] == "flex-compiled"), None)
         ratio = f"{flex['attention_ms'] / r['attention_ms']:.2f}x" if flex and r["attention_ms"] else "-"
-        lines.append(f"| {r['size']} | {r['run']} | {r['tune_from']} | {r['attention_ms']:.3f} | {ratio} |")
+        lines.append(f"| {r['size']} | {r['run']} | {r['tune_from']} | {r['host_ms']:.2f} | "
+                     f"{r['attention_ms']:.3f} | {ratio} |")
     return lines
 
 
@@ -99,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                command="python grader/bench/probes/train_tiles.py", rows=[])
     for size in sizes:
-        for name, provider, tune_from in RUNS:
-            doc["rows"].append(run(bench_train.SIZES[size], name, provider, tune_from))
+        for name, provider, tune_from, kernel_set in RUNS:
+            doc["rows"].append(run(bench_train.SIZES[size], name, provider, tune_from, kernel_set))
             r = doc["rows"][-1]
             print(f"{size} {name}: attention kernels {r['attention_ms']:.3f} ms a step", flush=True)
             for kernel, ms in r["kernels"].items():
