@@ -294,7 +294,7 @@ backward_kernel(const __grid_constant__ Params p) {
     mbar_wait(bar_kv, 0);
     // With BWD_PREFETCH a step's S^T is multiplied into st_next (the first step's here, each
     // other's by the step before) and copied into st when the step begins: st itself is never an
-    // accumulator, so that ptxas sees no register of a product in flight being written.
+    // accumulator, so that ptxas serializes no product (it does add fences around the copy).
     float st[BM / 2];
     [[maybe_unused]] float st_next[BM / 2];
     if (BWD_PREFETCH && n_iters > 0) {
@@ -329,7 +329,9 @@ backward_kernel(const __grid_constant__ Params p) {
         }
         const float* lse = stat + s * 2 * BM;
         const float* delta = lse + BM;
-        if constexpr (ahead) wgmma_wait<2>();             // S^T done; dP^T and the next S^T may run on
+        // S^T done (with BWD_PREFETCH it was when the step began, and these waits retire nothing);
+        // dP^T, and the next step's S^T, may run on.
+        if constexpr (ahead) wgmma_wait<2>();
         else wgmma_wait<1>();
         hold(st);
         // P^T = exp2(S^T scale log2(e) - lse log2(e)), then, in blocks that the rule cuts, the

@@ -223,7 +223,7 @@ def test_which_kernels_a_call_takes(op, monkeypatch):
     """The TMA kernels take a call when its shape, dtype and device allow them and the strides of
     q, k and v suit a descriptor; anything else goes to stage 9's kernels, with no copy.  A dO
     that no descriptor can read (a .sum()'s, of stride 0) is copied, and gives the gradients of
-    the same dO laid out in rows, bit for bit, as a compiled graph's contiguous dO does."""
+    the same dO laid out in rows, bit for bit (a compiled graph's dO is laid out so)."""
     monkeypatch.setattr(op.plans, "KERNELS", "tma")
 
     def kernels_of(q, k, v, do=None, **options):

@@ -209,12 +209,15 @@ def test_providers_take_turns_in_each_round():
 
 
 def test_the_page_says_how_the_timed_steps_were_taken(tmp_path):
-    """A run that took turns says so on its page; a file written before (no "rounds") says nothing."""
+    """A run that took turns says so on its page; a file written before (no "rounds") says nothing,
+    and neither does a size where one provider ran alone."""
     rows = [_row("s", p, [2.0, 1.0]) for p in bench_train.SAME_MODEL]
     doc = dict(gpu="GPU X", torch="t", loss_rtol=0.02, loss_gap=bench_train.agreement(rows), rows=rows)
     assert "took turns" not in bench_train.markdown(doc, "f.json")
-    doc["rows"] = [{**r, "rounds": 4} for r in rows] + [{**_row("u", "flex-compiled", [2.0]), "rounds": 4}]
-    assert "At s, u the providers took turns: the timed steps ran in 4 rounds" in bench_train.markdown(doc, "f.json")
+    doc["rows"] = [{**r, "rounds": 4} for r in rows] + [{**_row("u", p, [2.0]), "rounds": 4} for p in ("a", "b")]
+    doc["rows"].append({**_row("v", "flex-compiled", [2.0]), "rounds": 4})
+    page = bench_train.markdown(doc, "f.json")
+    assert "At s, u the providers took turns: the timed steps ran in 4 rounds" in page and "At s, u, v" not in page
 
 
 def test_a_size_runs_its_providers_in_turns_end_to_end(monkeypatch):

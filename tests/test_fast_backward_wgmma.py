@@ -33,8 +33,8 @@ def fast():
 @pytest.mark.parametrize("d, config, leave_out", [(64, "2x2-warp1-early", 0), (128, "2x2-warp1-early", 0),
                                                   (64, "2x2-tma2", 0), (128, "2x3-tma1", 0),
                                                   (128, "2x2-atomic", 0), (128, "2x2-tma2", 1), (64, "2x2-atomic", 2),
-                                                  (128, "2x2-warp2-early", 0), (128, "2x2-warp1", 1),
-                                                  (64, "2x3-warp1-early-prefetch", 0)])
+                                                  (64, "2x2-warp1", 0), (128, "2x2-warp2-early", 0),
+                                                  (128, "2x2-warp1", 1), (64, "2x3-warp1-early-prefetch", 0)])
 def test_each_variant_compiles_for_hopper(d, config, leave_out, tmp_path):
     """The probe builds the kernel's variants on the GPU machine (the first two are the fast
     path's defaults); here, without a GPU, each kind compiles for sm_90a with no spilled

@@ -457,13 +457,16 @@ def markdown(doc: dict, source: str) -> str:
 
 
 def _turns(rows: list[dict]) -> str:
-    """The page's sentence on how the timed steps of each size were taken, where the rows say."""
+    """The page's sentence on how the timed steps of each size were taken, where the rows say (and
+    more than one provider ran at the size: one alone takes no turns)."""
     taken = {}
     for r in rows:
-        if r.get("rounds"):
+        if r.get("rounds") and sum(x["size"] == r["size"] for x in rows) > 1:
             taken.setdefault(r["rounds"], []).append(r["size"])
     return "".join(f" At {', '.join(dict.fromkeys(sizes))} the providers took turns: the timed steps ran in {n} "
-                   f"rounds, each provider taking its share of a round in turn." for n, sizes in sorted(taken.items()))
+                   f"rounds, each provider taking its share of a round in turn; peak memory is the most the "
+                   f"provider held during its build and warm-up steps."
+                   for n, sizes in sorted(taken.items()))
 
 
 def write_json(rows: list[dict], gaps: dict[str, float], path: str) -> None:

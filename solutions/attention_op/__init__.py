@@ -14,11 +14,12 @@ are called:
 * **The fastest kernels the GPU and the call allow.**  On a GPU of compute capability 9 (H100,
   H200) the op launches the TMA kernels of solutions/fast_forward_tma.py and
   fast_backward_tma.py when the head dim is a power of two, the dtype float16 or bfloat16, and
-  every tensor's strides suit a TMA descriptor (last stride 1, start and other strides on 16
+  the strides of q, k and v suit a TMA descriptor (last stride 1, start and other strides on 16
   bytes: a (B, N, H, D) tensor from a projection does); anything else goes to stage 9's
-  kernels, which take any head dim and strides.  Neither copies an input; only a dO that no
-  descriptor can read (a ``.sum()`` loss gives one of stride 0) is copied, so that such a
-  backward takes the TMA kernels as a compiled graph does, with the same bits.  The backward's first
+  kernels, which take any head dim and strides.  Neither copies an input; a dO that no
+  descriptor can read (a ``.sum()`` loss gives one of stride 0) is copied where the TMA kernels
+  serve q, k and v, so that such a backward takes them as a compiled graph does, with the same
+  bits (and the C++ path, at a key's first call, lays out any dO as o: see native.py).  The backward's first
   kernel (delta and dsinks) is stage 9's either way, and a forward of one set and a backward of
   the other agree on o and lse.  On the same GPUs the forward of a long call may be stage 4's
   CUDA kernel with wgmma (solutions/fast_variable_block_wgmma.cu, any head dim a multiple of 8,

@@ -118,7 +118,8 @@ _chosen: dict[tuple, tuple[dict, bool, tuple | None]] = {}
 def _choose(q, k, v, other, sinks, causal: bool, window: int, sink_tokens: int, bnhd: bool,
             key: tuple | None) -> tuple[dict, bool, tuple | None]:
     """``(plan, tma, wgmma)``: the call's launch plan, whether its TMA kernels can read q, k, v and
-    ``other`` (the backward's dO; the forward's q again, whose o is allocated like it) where they
+    ``other`` (the backward's dO where a descriptor can read it, else q; the forward's q again,
+    whose o is allocated like it) where they
     lie, and the wgmma forward's tile when the plan takes it and it can read them (else None); a
     call whose strides no descriptor can read gets stage 9's plan.  An eager call passes its call
     key, which holds everything this depends on but ``plans.KERNELS`` (shapes, strides,
