@@ -115,12 +115,11 @@ def _launcher(key: tuple, record: list | None = None):
 _chosen: dict[tuple, tuple[dict, bool, tuple | None]] = {}
 
 
-def _choose(q, k, v, other, sinks, causal: bool, window: int, sink_tokens: int, bnhd: bool,
+def _choose(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, bnhd: bool,
             key: tuple | None) -> tuple[dict, bool, tuple | None]:
-    """``(plan, tma, wgmma)``: the call's launch plan, whether its TMA kernels can read q, k, v and
-    ``other`` (the backward's dO where a descriptor can read it, else q; the forward's q again,
-    whose o is allocated like it) where they
-    lie, and the wgmma forward's tile when the plan takes it and it can read them (else None); a
+    """``(plan, tma, wgmma)``: the call's launch plan, whether its TMA kernels can read q, k and v
+    where they lie (the forward's o is allocated like q; the backward copies a dO they cannot
+    read), and the wgmma forward's tile when the plan takes it and it can read them (else None); a
     call whose strides no descriptor can read gets stage 9's plan.  An eager call passes its call
     key, which holds everything this depends on but ``plans.KERNELS`` (shapes, strides,
     alignment, options), and the answer is kept under both."""
@@ -128,7 +127,7 @@ def _choose(q, k, v, other, sinks, causal: bool, window: int, sink_tokens: int, 
     chosen = _chosen.get(key) if key is not None else None
     if chosen is None:
         plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd)
-        readable = (plan["tma"] or plan["wgmma"] is not None) and tma_strides(q, k, v, other)
+        readable = (plan["tma"] or plan["wgmma"] is not None) and tma_strides(q, k, v)
         if (plan["tma"] or plan["wgmma"] is not None) and not readable:
             plan = _plan_for(q, k, causal, window, sink_tokens, sinks is not None, bnhd, tma=False)
         chosen = (plan, plan["tma"] and readable, plan["wgmma"] if readable else None)
@@ -165,7 +164,7 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
     ``use_wgmma=False`` leaves the wgmma forward out."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
-    plan, tma, wgmma_tile = _choose(q, k, v, q, sinks, causal, window, sink_tokens, bnhd, key)
+    plan, tma, wgmma_tile = _choose(q, k, v, sinks, causal, window, sink_tokens, bnhd, key)
     if wgmma_tile is not None and use_wgmma:
         if wgmma_op is not None:
             return wgmma_op(q, k, v, sinks, causal, window, sink_tokens, scale)
@@ -212,9 +211,8 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
     # A dO that no descriptor can read (a .sum()'s has stride 0) is copied where the TMA kernels
     # serve q, k and v: they are faster than stage 9's, and the call then gives the bits that a
     # compiled graph (whose dO is contiguous) and native.py (which copies it as o) give.
-    readable = tma_strides(do)
-    plan, tma, _ = _choose(q, k, v, do if readable else q, sinks, causal, window, sink_tokens, bnhd, key)
-    if tma and not readable:
+    plan, tma, _ = _choose(q, k, v, sinks, causal, window, sink_tokens, bnhd, key)
+    if tma and not tma_strides(do):
         do = tma_forward.tma_ready(do)
         do_strides = _bhnd(do, bnhd)[1]
     # dQ's additions in the one pass have no fixed order: its results vary in the last bits.

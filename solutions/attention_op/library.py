@@ -29,7 +29,7 @@ def wgmma_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Opti
     Tensors whose strides or start no descriptor can read (a compiled graph may hand over others
     than it traced with) get the Triton forward, launched directly: the same results to within
     rounding, never a copy."""
-    _, _, tile = _choose(q, k, v, q, sinks, causal, window, sink_tokens, False, None)
+    _, _, tile = _choose(q, k, v, sinks, causal, window, sink_tokens, False, None)
     if tile is None:
         return _forward(q, k, v, sinks, causal, window, sink_tokens, scale, use_wgmma=False)
     o, lse = _forward_outputs(q)
