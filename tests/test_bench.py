@@ -797,6 +797,51 @@ def test_section_15_tables_are_the_committed_probes():
         assert f"{lo} {min(values):.2f}-{max(values):.2f} {hi}" in flat, name
 
 
+def test_section_16_tables_are_the_committed_probes():
+    """docs/hopper-notes.md's section 16: the prefetching one pass, the timed plans at bench train's
+    sizes and gpt-oss's layer through the op, each table from its committed JSON, each run named."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = notes[notes.index("## 16."):notes.index("## From stage 9")]
+    flat = " ".join(section.split())
+    docs = {name: json.loads((ROOT / "docs" / f"hopper-probe-{name}-h200.json").read_text())
+            for name in ("wgmma-backward-prefetch", "train-tiles", "op-kernels-gptoss")}
+    for doc in docs.values():
+        assert _names_its_run(section, doc) and doc["command"] in flat
+    prefetch = docs["wgmma-backward-prefetch"]
+    assert all(line in section for line in _probe("wgmma_backward").summary(prefetch["rows"]))
+    worst = max(c["error"] for c in prefetch["checks"])
+    assert worst < 2e-2 and f"largest error {100 * worst:.2f}% of the largest gradient" in flat
+    of = {(r["case"], r["provider"]): r["bwd_ms"] for r in prefetch["rows"]}
+    dense = [c for c, p in of if p == "wgmma-2x2-warp1-early" and "D64" in c]
+    lost = []
+    for config in ("2x2-warp1-early-prefetch", "2x3-warp1-early-prefetch"):
+        slower = [1 - of[c, "wgmma-2x2-warp1-early"] / of[c, "wgmma-" + config] for c in dense]
+        assert min(slower) > 0, config                  # slower than the default on every case it ran
+        lo, hi = (round(100 * x) for x in (min(slower), max(slower)))
+        lost.append(f"{lo}%" if lo == hi else f"{lo}-{hi}%")
+    assert (f"with a ring of two stages the kernel loses {lost[0]} of its speed, with three it still loses "
+            f"{lost[1]} to the default") in flat
+    tiles = docs["train-tiles"]
+    assert all(line in section for line in _probe("train_tiles").summary(tiles["rows"]))
+    for size in {r["size"] for r in tiles["rows"]}:     # every run of the op launched the same kernels
+        runs = [r for r in tiles["rows"] if r["size"] == size and r["provider"] != "flex-compiled"]
+        assert len({tuple(sorted(k for k in r["kernels"] if r["kernels"][k] > 0.01)) for r in runs}) == 1, size
+    big = next(r for r in tiles["rows"] if r["size"] == "b2n4096" and r["run"] == "workbook-compiled")
+    assert (f"Of the {big['attention_ms']:.2f} ms at b2n4096, the dK/dV kernel took "
+            f"{big['kernels']['_tma_dkdv_kernel']:.2f}") in flat
+    rows: dict = {}
+    for r in docs["op-kernels-gptoss"]["rows"]:
+        rows.setdefault(r["case"], {})[r["provider"]] = r
+    for case, by in rows.items():
+        for p in ("op", "op-bnhd"):
+            r, flex = by[p], by["flex"]
+            cudnn = (f"{(by['cudnn']['fwd_ms'] + by['cudnn']['bwd_ms']) / (r['fwd_ms'] + r['bwd_ms']):.2f}x"
+                     if "cudnn" in by else "–")
+            line = (f"| {case} | {p} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {cudnn} | "
+                    f"{flex['fwd_ms'] / r['fwd_ms']:.2f}x / {flex['bwd_ms'] / r['bwd_ms']:.2f}x |")
+            assert line in section, line
+
+
 def test_the_one_pass_step_of_the_hopper_path_is_the_committed_bench_s():
     """The list of steps from stage 9 to the Hopper path gives the one pass's gain over the TMA
     backward, and its speed against cuDNN, from the stage 9 bench run that timed them together."""

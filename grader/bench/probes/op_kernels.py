@@ -144,7 +144,11 @@ def main() -> int:
                 plan = op.launch_plan(case["b"], case["hq"], case["hkv"], case["n"], case["n"], case["d"],
                                       torch.bfloat16, q.device, case["causal"], case["window"] or 0, 0, case["sinks"])
                 kernels = "TMA kernels" if plan["tma"] else "stage 9's kernels"
-                record(case, name, f_ms, b_ms, f"wgmma forward, {kernels} backward" if plan.get("wgmma") else kernels)
+                one_pass = op.plans.backward_plan(case["b"], case["hq"], case["hkv"], case["n"], case["n"], case["d"],
+                                                  torch.bfloat16, q.device, case["causal"], case["window"] or 0, 0,
+                                                  case["sinks"])["wgmma_backward"]     # made at the first backward
+                record(case, name, f_ms, b_ms, f"{'wgmma' if plan.get('wgmma') else kernels} forward, "
+                                               f"{'one-pass' if one_pass else kernels} backward")
             except Exception as e:
                 record(case, name, None, None, f"failed: {type(e).__name__}: {str(e)[:300]}")
             finally:
