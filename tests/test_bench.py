@@ -840,6 +840,15 @@ def test_section_16_tables_are_the_committed_probes():
             line = (f"| {case} | {p} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {cudnn} | "
                     f"{flex['fwd_ms'] / r['fwd_ms']:.2f}x / {flex['bwd_ms'] / r['bwd_ms']:.2f}x |")
             assert line in section, line
+    host = json.loads((ROOT / "docs" / "hopper-probe-compiled-host-h200.json").read_text())
+    assert _names_its_run(section, host) and host["command"] in flat
+    b, n, hq, hkv, d = host["shape"]
+    assert f"(B{b} N{n} Hq{hq}/Hkv{hkv} D{d}, causal, learned sinks, `bnhd`)" in section.replace("\n", " ")
+    table = _probe("compiled_host").summary(host["rows"])
+    assert len(table) == 2 + 4 and all(line in section for line in table)
+    per = {line.split(" | ")[0][2:]: int(line.split(" | ")[3]) for line in table[2:]}
+    assert per["op"] < per["flex"] and "A call of the op costs the host less than FlexAttention's" in flat
+    assert min(per["op-stage9"], per["op-stage9-static"]) >= per["op"] and "it costs no less" in flat
 
 
 def test_the_one_pass_step_of_the_hopper_path_is_the_committed_bench_s():
@@ -853,6 +862,23 @@ def test_the_one_pass_step_of_the_hopper_path_is_the_committed_bench_s():
     notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
     assert (f"{min(tma):.2f}-{max(tma):.2f}x the TMA backward on the stage 9 bench's backwards without a window, "
             f"{min(cudnn):.2f}-{max(cudnn):.2f}x cuDNN, in the same run") in notes
+
+
+def test_the_compiled_host_probe_takes_one_call_as_the_difference_of_two_chains(capsys):
+    """compiled_host.py's table: a provider's µs a call is its chain's host time at the two lengths,
+    the difference over the difference in calls; FlexAttention's over it; a provider timed at one
+    length only has no row; without a GPU it says so."""
+    probe = _probe("compiled_host")
+    lo, hi = probe.LAYERS
+    rows = [dict(provider=p, layers=n, host_ms=ms) for p, n, ms in (
+        ("op", lo, 1.0), ("op", hi, 1.0 + 0.06 * (hi - lo)), ("flex", lo, 0.9), ("flex", hi, 0.9 + 0.03 * (hi - lo)),
+        ("op-static", lo, 2.0))]
+    assert probe.summary(rows)[0].startswith(f"| provider | host ms, chain of {lo} | host ms, chain of {hi} |")
+    assert probe.summary(rows)[2:] == [f"| op | 1.000 | {1.0 + 0.06 * (hi - lo):.3f} | 60 | 0.50x |",
+                                       f"| flex | 0.900 | {0.9 + 0.03 * (hi - lo):.3f} | 30 | 1.00x |"]
+    assert [p for p, _, _ in probe.PROVIDERS].count("flex") == 1
+    if not runtime.ON_GPU:
+        assert probe.main([]) == 2 and "compiles for a CUDA GPU" in capsys.readouterr().err
 
 
 def test_the_train_tiles_probe_compares_each_run_with_flexattention_of_its_size(capsys):
