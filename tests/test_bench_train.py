@@ -137,6 +137,47 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     assert "| s | workbook | 1.00 | 0.90 | 0.50 | 0.12 | 1 |" in page and "the step waits on the host" in page
     assert "- s: 1.50x in step time, 1.50x in kernel time" in page
     assert "0.90" in bench_train.table(doc["rows"], {})
+    assert "Host ms is the time to issue one step to an idle GPU (Python" in page     # a row without host_while
+    doc["rows"][0]["host_while"] = bench_train.HOST_WHILE                     # what a run writes now
+    path.write_text(json.dumps(doc))
+    assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
+    page = (tmp_path / "t.md").read_text()
+    assert "Host ms is the time to issue one step while the GPU works through a spin queued before it" in page
+    assert "idle GPU" not in page
+    doc["rows"].append({**doc["rows"][0], "size": "u"})
+    doc["rows"][0].pop("host_while")                                          # an older size's row beside it
+    path.write_text(json.dumps(doc))
+    assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
+    page = " ".join((tmp_path / "t.md").read_text().split())
+    assert ("so that no launch waits on the GPU in rows of sizes u, else the time to issue one step to an idle GPU"
+            in page)
+
+
+def test_host_time_is_taken_with_the_gpu_busy(monkeypatch):
+    """_what_paces queues a spin on the GPU before each step whose host time it takes, so that no
+    launch of the step waits on the GPU; the profiled steps follow, with no spin."""
+    order = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: order.append("sync"))
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: order.append(("spin", cycles)))
+    monkeypatch.setattr(bench_train, "_train_step", lambda model, opt, tokens, targets: order.append("step"))
+
+    class Profile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return []
+    monkeypatch.setattr("torch.profiler.profile", Profile)
+    host, kernels, attention = bench_train._what_paces(None, None, [(None, None)] * 2)
+    spin = ("spin", bench_train.SPIN_CYCLES)
+    assert order == ["sync", spin, "step", "sync", spin, "step", "sync", "step", "step", "sync"]
+    assert host >= 0 and kernels == attention == 0
 
 
 @pytest.mark.parametrize("name, attention", [

@@ -58,7 +58,8 @@ def attention_kernels(step_model, opt, data) -> dict[str, float]:
 def run(size: bench_train.Size, name: str, provider: str, tune_from: int | None, kernel_set: str = "auto") -> dict:
     """One row: ``provider`` trained at ``size`` with ``TUNE_FROM`` set to ``tune_from`` (None: as
     committed) and the op's ``plans.KERNELS`` to ``kernel_set``: the attention kernels' GPU time
-    and the host time to issue a step (bench train's measure: a median, the GPU idle at the start)."""
+    and the host time to issue a step (a median over steps, the GPU idle at each
+    step's start)."""
     op = load_package(ROOT / "solutions" / "attention_op")
     committed = tuning.TUNE_FROM
     tuning.TUNE_FROM = committed if tune_from is None else tune_from
