@@ -819,7 +819,7 @@ def test_section_16_tables_are_the_committed_probes():
         assert min(slower) > 0, config                  # slower than the default on every case it ran
         lo, hi = (round(100 * x) for x in (min(slower), max(slower)))
         lost.append(f"{lo}%" if lo == hi else f"{lo}-{hi}%")
-    assert (f"with a ring of two stages the kernel loses {lost[0]} of its speed, with three it still loses "
+    assert (f"With a ring of two stages the kernel loses {lost[0]} of its speed, with three it still loses "
             f"{lost[1]} to the default") in flat
     tiles = docs["train-tiles"]
     assert all(line in section for line in _probe("train_tiles").summary(tiles["rows"]))
@@ -847,8 +847,7 @@ def test_section_16_tables_are_the_committed_probes():
     table = _probe("compiled_host").summary(host["rows"])
     assert len(table) == 2 + 4 and all(line in section for line in table)
     per = {line.split(" | ")[0][2:]: int(line.split(" | ")[3]) for line in table[2:]}
-    assert per["op"] < per["flex"] and "A call of the op costs the host less than FlexAttention's" in flat
-    assert min(per["op-stage9"], per["op-stage9-static"]) >= per["op"] and "it costs no less" in flat
+    assert per["op"] < per["flex"] and "In this run a call of the op cost the host less than FlexAttention's" in flat
 
 
 def test_the_one_pass_step_of_the_hopper_path_is_the_committed_bench_s():

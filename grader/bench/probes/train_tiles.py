@@ -27,6 +27,11 @@ from kernels import runtime, tuning  # noqa: E402  (runtime decides TRITON_INTER
 from kernels.loader import ROOT, load_package  # noqa: E402
 
 import torch  # noqa: E402
+
+# Each run compiles the same Python with other plans: no graph may come from a cache of another run's.
+for _config, _flag in ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")):
+    if hasattr(_config, _flag):
+        setattr(_config, _flag, False)
 import triton  # noqa: E402
 
 from grader.bench import train as bench_train  # noqa: E402
