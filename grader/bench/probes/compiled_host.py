@@ -34,12 +34,12 @@ from kernels import masks, runtime  # noqa: E402  (runtime decides TRITON_INTERP
 from kernels.loader import ROOT, load_package  # noqa: E402
 
 import torch  # noqa: E402
+import triton  # noqa: E402
 
 # Each run compiles the same Python with other plans: no graph may come from a cache of another run's.
 for _config, _flag in ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")):
     if hasattr(_config, _flag):
         setattr(_config, _flag, False)
-import triton  # noqa: E402
 
 B, N, HQ, HKV, D = 2, 1024, 8, 2, 64
 LAYERS = (1, 5)                                  # chain lengths: the difference is what one call costs

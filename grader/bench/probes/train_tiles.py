@@ -27,14 +27,14 @@ from kernels import runtime, tuning  # noqa: E402  (runtime decides TRITON_INTER
 from kernels.loader import ROOT, load_package  # noqa: E402
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+
+from grader.bench import train as bench_train  # noqa: E402
 
 # Each run compiles the same Python with other plans: no graph may come from a cache of another run's.
 for _config, _flag in ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")):
     if hasattr(_config, _flag):
         setattr(_config, _flag, False)
-import triton  # noqa: E402
-
-from grader.bench import train as bench_train  # noqa: E402
 
 WARMUP, PROFILED = 3, 5                   # steps before the profile (the compile among them), and in it
 #: (row name, bench train's provider, TUNE_FROM for the run: None keeps the committed one, the op's
