@@ -177,6 +177,20 @@ def untuned():
             os.environ[AUTOTUNE_ENV] = before
 
 
+@contextlib.contextmanager
+def tuned_from(pairs: int):
+    """Within it, launches of at least ``pairs`` (query, key) pairs a head are timed as from
+    ``TUNE_FROM``: for a caller that knows a shorter shape will be called often enough to pay
+    for the timing (the attention op's plans)."""
+    global TUNE_FROM
+    before = TUNE_FROM
+    TUNE_FROM = min(before, pairs)
+    try:
+        yield
+    finally:
+        TUNE_FROM = before
+
+
 def first_entry(tiles: dict, head_dim_pad: int, interpreter_tile: tuple) -> tuple[int, int, int, int]:
     """The tile used without timing: the table's first entry on a GPU, the interpreter's on the CPU."""
     return _entries(tiles, head_dim_pad)[0] if runtime.ON_GPU else interpreter_tile

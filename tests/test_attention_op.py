@@ -6,7 +6,7 @@ float64 reference in both layouts.  On a GPU: the whole of opcheck, torch.compil
 fullgraph=True, CUDA graphs (mode="reduce-overhead"), and bit-for-bit agreement with stage 9.
 """
 
-from kernels import reference, runtime, tolerance
+from kernels import reference, runtime, tolerance, tuning
 from kernels.loader import ROOT, load_package
 
 import pytest
@@ -217,6 +217,30 @@ def test_launch_plan_is_cached(op):
     assert set(op.launch_plan(*args)) == {"tma", "wgmma", "forward", "dkdv", "dq"}
     assert op.launch_plan(*args)["wgmma"] is None                      # no sm_90 GPU here, or a short call
     assert op.launch_plan(*args, tma=False)["tma"] is False
+
+
+def test_a_call_with_much_work_in_all_has_its_triton_tiles_timed(op, monkeypatch):
+    """From ``TUNE_WORK`` pairs over the call the plan times the Triton tiles even where each head is
+    short; the wgmma kernels wait for long heads; the grader's workers time nothing."""
+    plans = op.plans
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setenv(tuning.AUTOTUNE_ENV, "1")
+    monkeypatch.setattr(plans, "_plans", {})              # plans made here stay here
+    timed = []
+    monkeypatch.setattr(plans, "_tuned", lambda key, tma: timed.append(key[0]) or {
+        "tma": tma, "forward": (64, 64, 4, 1), "dkdv": (64, 64, 4, 1), "dq": (64, 64, 4, 1)})
+    cpu = torch.device("cpu")
+    much = (8, 8, 2, 1024, 1024, 64)                       # bench train's b8n1024 layers: TUNE_WORK pairs
+    assert 8 * 8 * 1024 * 1024 >= plans.TUNE_WORK and 1024 * 1024 < tuning.TUNE_FROM
+    assert plans.timed(8, 8, 1024, 1024) and not plans.long_heads(1024, 1024)
+    assert not plans.timed(1, 4, 1024, 1024) and plans.long_heads(2048, 2048)
+    plans.launch_plan(*much, torch.float16, cpu, True, 0, 0, False)
+    plans.launch_plan(1, 4, 2, 1024, 1024, 64, torch.float16, cpu, True, 0, 0, False)
+    assert timed == [much]
+    monkeypatch.setenv(tuning.AUTOTUNE_ENV, "0")
+    assert not plans.timed(8, 8, 1024, 1024) and not plans.long_heads(4096, 4096)
+    plans.launch_plan(8, 8, 2, 1024, 1024, 64, torch.float16, cpu, False, 0, 0, False)
+    assert timed == [much]
 
 
 def test_which_kernels_a_call_takes(op, monkeypatch):

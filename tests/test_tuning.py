@@ -122,3 +122,21 @@ def test_what_no_tile_fits_is_refused_with_the_reason(monkeypatch):
     tuning.check_fits(torch.float32, 128, kernels="stage 9's dK/dV kernel")
     monkeypatch.setattr(tuning, "smem_per_block", lambda: 99 * 1024)
     tuning.check_fits(torch.float32, 256, kernels="stage 9's dK/dV kernel")
+
+
+def test_tuned_from_times_shorter_calls_within_and_restores_the_threshold(monkeypatch):
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setenv(tuning.AUTOTUNE_ENV, "1")
+    committed, short = tuning.TUNE_FROM, 1024 * 1024
+    args = (_FakeAutotuned, tuning.FORWARD_TILES, 128, short, 1)
+    assert tuning.plan(*args, interpreter_tile=(32, 32, 4, 1))[0] is _FakeAutotuned.fn
+    with tuning.tuned_from(short):
+        assert tuning.plan(*args, interpreter_tile=(32, 32, 4, 1)) == (_FakeAutotuned, {})
+        assert tuning.plan(_FakeAutotuned, tuning.FORWARD_TILES, 128, short // 2, 1,
+                           interpreter_tile=(32, 32, 4, 1))[0] is _FakeAutotuned.fn
+    assert tuning.TUNE_FROM == committed
+    with pytest.raises(KeyError), tuning.tuned_from(1):
+        raise KeyError("an error inside")
+    assert tuning.TUNE_FROM == committed
+    with tuning.tuned_from(2 * committed):                  # never raises the threshold
+        assert tuning.TUNE_FROM == committed

@@ -31,6 +31,8 @@ planning.
 
 from __future__ import annotations
 
+import os
+
 from kernels import runtime, tuning
 from kernels.loader import ROOT, load_file
 
@@ -88,9 +90,9 @@ def _tuned(key: tuple, tma: bool) -> dict:
     inputs of this shape and read off the tiles their autotuners chose.  Every dispatch mode
     (fake tensors, the tracer) is switched off, so this runs real kernels even when called while
     ``torch.compile`` traces."""
-    device = key[2]
+    device, (_, _, _, nq, nk, _) = key[2], key[0]
     forward, backward = (tma_forward, tma_backward) if tma else (s9, s9)
-    with _disable_current_modes(), torch.no_grad():
+    with _disable_current_modes(), torch.no_grad(), tuning.tuned_from(nq * nk):
         q, k, v, opts = _random_inputs(key)
         o, lse = forward.flash_attention(q, k, v, **opts)
         backward.flash_attention_backward(q, k, v, o, lse, torch.randn_like(o), **opts)
@@ -182,8 +184,7 @@ def backward_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: to
     if plan is not None:
         return plan
     plan = {"wgmma_backward": False}
-    if _wgmma_backward_shape(b, hkv, nq, nk, d, dtype, device) and (KERNELS == "wgmma"
-                                                                     or nq * nk >= tuning.TUNE_FROM):
+    if _wgmma_backward_shape(b, hkv, nq, nk, d, dtype, device) and (KERNELS == "wgmma" or long_heads(nq, nk)):
         try:
             wgmma_backward.library(d)               # built here, outside any call it would stall
         except Exception as error:                  # noqa: BLE001 - no nvcc, a failed build: the Triton backward
@@ -209,6 +210,31 @@ def _timed_backward(key: tuple) -> dict:
     return {"wgmma_backward": keeps_one_pass(ms), "backward_ms": ms}
 
 
+#: (query, key) pairs of a whole call, over its batch and query heads, from which its Triton tiles
+#: are timed even where each head is shorter than ``tuning.TUNE_FROM``: 8 sequences x 8 heads x
+#: 1024 x 1024, bench train's b8n1024 layers.  There the attention kernels took 0.50 ms a step
+#: with every plan timed against 0.57 with the first tiles (one run), and 0.50 with these timed
+#: tiles alone (another).  Timing costs seconds once, and an op is called again and
+#: again with one shape.  The wgmma kernels still wait for ``TUNE_FROM`` pairs a head: timed at
+#: those layers too, they bought the kernels nothing more and the compiled step took 0.90x
+#: FlexAttention's against 0.95x (each in its own run; the wgmma forward is an opaque op whose
+#: Python runs in every compiled step).  docs/hopper-notes.md, sections 16 and 17.
+TUNE_WORK = 8 * 8 * 1024 * 1024
+
+
+def timed(b: int, hq: int, nq: int, nk: int) -> bool:
+    """Whether a call's Triton tiles are timed on the GPU: from ``tuning.TUNE_FROM`` pairs a head,
+    or from ``TUNE_WORK`` pairs over the whole call (not where ``WORKBOOK_AUTOTUNE=0``)."""
+    return (runtime.ON_GPU and os.environ.get(tuning.AUTOTUNE_ENV, "1") != "0"
+            and (long_heads(nq, nk) or b * hq * nq * nk >= TUNE_WORK))
+
+
+def long_heads(nq: int, nk: int) -> bool:
+    """Whether each head is long enough (``tuning.TUNE_FROM`` pairs, on a GPU) for the plan to time
+    the wgmma kernels against the Triton ones (not where ``WORKBOOK_AUTOTUNE=0``)."""
+    return runtime.ON_GPU and os.environ.get(tuning.AUTOTUNE_ENV, "1") != "0" and nq * nk >= tuning.TUNE_FROM
+
+
 def _tma_shape(d: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the TMA kernels may serve this head dim, dtype and device (see ``KERNELS``)."""
     if KERNELS == "stage9" or d & (d - 1) or d < 16:
@@ -228,15 +254,15 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
     ``tma=False`` asks for stage 9's plan, for a call whose strides no descriptor can read.
 
     Short sequences take each table's first entry (the interpreter's tile on the CPU), as
-    stage 9 does; from ``tuning.TUNE_FROM`` (query, key) pairs on a GPU, what the autotuners
-    pick for this shape, timed once.
+    stage 9 does; where ``timed`` (long heads, or much work in all, on a GPU), what the
+    autotuners pick for this shape, timed once.
     """
     key = ((b, hq, hkv, nq, nk, d), dtype, device, causal, window, sink_tokens, has_sinks)
     plan = _plans.get((key, KERNELS, tma))
     if plan is None:
         use_tma = tma and _tma_shape(d, dtype, device)
         pad = _pow2(d)
-        if runtime.ON_GPU and nq * nk >= tuning.TUNE_FROM:
+        if timed(b, hq, nq, nk):
             plan = _tuned(key, use_tma)
         elif use_tma:
             plan = {"tma": True,
@@ -250,7 +276,7 @@ def launch_plan(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, dtype: torc
                     "dkdv": _tile(tuning.first_entry(s9.DKDV_TILES, pad, s9.DKDV_INTERPRETER_TILE)),
                     "dq": _tile(tuning.first_entry(s9.DQ_TILES, pad, s9.DQ_INTERPRETER_TILE))}
         plan["wgmma"] = None
-        if tma and _wgmma_shape(b, hq, d, dtype, device) and (KERNELS == "wgmma" or nq * nk >= tuning.TUNE_FROM):
+        if tma and _wgmma_shape(b, hq, d, dtype, device) and (KERNELS == "wgmma" or long_heads(nq, nk)):
             plan = _wgmma_plan(key, plan, timed=KERNELS != "wgmma")
         _plans[(key, KERNELS, tma)] = plan
     return plan

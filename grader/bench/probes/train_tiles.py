@@ -1,8 +1,10 @@
 """Probe: would the attention kernels of ``python -m grader bench train`` be faster with timed plans?
 
-Below ``kernels.tuning.TUNE_FROM`` (query, key) pairs a head (2048 x 2048) the op's plans take
-each table's first tile untimed, and never consider the wgmma forward or the one-pass backward.
-Bench train's b8n1024 layers (1024 x 1024 pairs) are below it, its b2n4096 layers above.  This
+Below ``kernels.tuning.TUNE_FROM`` (query, key) pairs a head (2048 x 2048) the op's plans never
+consider the wgmma forward or the one-pass backward, and below ``plans.TUNE_WORK`` pairs a call
+as well they take each table's first tile untimed (``plans.timed``; the committed JSON was made
+before ``TUNE_WORK``, when b8n1024's plans were untimed).  Bench train's b8n1024 layers (1024 x
+1024 pairs a head) are below ``TUNE_FROM``, its b2n4096 layers above.  This
 trains bench train's model, compiled, with the op as committed (``workbook-compiled``), with
 ``TUNE_FROM`` lowered to 1 so that every plan is timed (``workbook-compiled-timed``), with the
 op's Triton kernels alone (``workbook-compiled-tma``: in a compiled graph the wgmma forward is an
