@@ -6,7 +6,7 @@ import json
 import warnings
 
 from kernels import masks, reference, runtime
-from kernels.loader import ROOT, load_file
+from kernels.loader import ROOT, load_file, load_package
 
 import pytest
 import torch
@@ -748,7 +748,6 @@ def test_section_15_tables_are_the_committed_probes():
     """docs/hopper-notes.md's section 15: the one pass with its masks as selects and launched longest
     first, its tables from the committed JSON through the probe's summary; the host time of the
     one pass from its probe, the plan's rule set by it, and the training step that showed it."""
-    from kernels.loader import load_package
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
     section = notes[notes.index("## 15."):notes.index("## From stage 9")]
     flat = " ".join(section.split())
@@ -795,6 +794,8 @@ def test_section_15_tables_are_the_committed_probes():
                          ("host_ms", "with", "ms of host time")):
         values = [r[name] for r in (*op, *flex)]
         assert f"{lo} {min(values):.2f}-{max(values):.2f} {hi}" in flat, name
+    above = [r for r in rows if r["host_ms"] > r["step_ms"]]
+    assert f"above the step time in {len(above)} of the run's {len(rows)} rows" in flat
 
 
 def test_section_16_tables_are_the_committed_probes():
@@ -823,9 +824,19 @@ def test_section_16_tables_are_the_committed_probes():
             f"{lost[1]} to the default") in flat
     tiles = docs["train-tiles"]
     assert all(line in section for line in _probe("train_tiles").summary(tiles["rows"]))
-    for size in {r["size"] for r in tiles["rows"]}:     # every run of the op launched the same kernels
-        runs = [r for r in tiles["rows"] if r["size"] == size and r["provider"] != "flex-compiled"]
-        assert len({tuple(sorted(k for k in r["kernels"] if r["kernels"][k] > 0.01)) for r in runs}) == 1, size
+    launched = {(r["size"], r["run"]): tuple(sorted(k for k in r["kernels"] if r["kernels"][k] > 0.01))
+                for r in tiles["rows"] if r["provider"] != "flex-compiled"}
+    assert len({k for (size, _), k in launched.items() if size == "b2n4096"}) == 1    # every run the same kernels
+    small = {r["run"]: r for r in tiles["rows"] if r["size"] == "b8n1024"}
+    assert launched["b8n1024", "workbook-compiled-timed"] != launched["b8n1024", "workbook-compiled"]
+    assert any(k.startswith("void stage4w::") for k in small["workbook-compiled-timed"]["kernels"])
+    timed, untimed = small["workbook-compiled-timed"], small["workbook-compiled"]
+    assert (f"a dK/dV kernel that took {timed['kernels']['_tma_dkdv_kernel']:.3f} ms a step against "
+            f"{untimed['kernels']['_tma_dkdv_kernel']:.3f}") in flat
+    flex = small["flex-compiled"]["attention_ms"]
+    ratios = (flex / timed["attention_ms"], flex / untimed["attention_ms"])
+    assert (f"kernels took {timed['attention_ms']:.3f} ms against {untimed['attention_ms']:.3f}, "
+            f"{ratios[0]:.2f}x FlexAttention's against {ratios[1]:.2f}x") in flat
     big = next(r for r in tiles["rows"] if r["size"] == "b2n4096" and r["run"] == "workbook-compiled")
     assert (f"Of the {big['attention_ms']:.2f} ms at b2n4096, the dK/dV kernel took "
             f"{big['kernels']['_tma_dkdv_kernel']:.2f}") in flat
@@ -848,6 +859,29 @@ def test_section_16_tables_are_the_committed_probes():
     assert len(table) == 2 + 4 and all(line in section for line in table)
     per = {line.split(" | ")[0][2:]: int(line.split(" | ")[3]) for line in table[2:]}
     assert per["op"] < per["flex"] and "In this run a call of the op cost the host less than FlexAttention's" in flat
+
+
+def test_section_17_compares_the_two_plans_each_from_its_run():
+    """docs/hopper-notes.md's section 17: bench train at b8n1024 with every plan timed and with the
+    Triton tiles alone timed, each row from its run's JSON, and the rule the op keeps."""
+    from kernels import tuning
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = notes[notes.index("## 17."):notes.index("## From stage 9")]
+    flat = " ".join(section.split())
+    plans = load_package(ROOT / "solutions" / "attention_op").plans
+    assert plans.TUNE_WORK == 8 * 8 * 1024 * 1024 and 1024 * 1024 < tuning.TUNE_FROM
+    for label, name in (("every kernel timed, the wgmma ones too", "hopper-probe-train-timed-wgmma-h200.json"),
+                        ("Triton tiles timed, as kept", "bench-train-h200.json")):
+        doc = json.loads((ROOT / "docs" / name).read_text())
+        assert _names_its_run(section, doc) and f"({name})" in section
+        of = {r["provider"]: r for r in doc["rows"] if r["size"] == "b8n1024"}
+        op, flex = of["workbook-compiled"], of["flex-compiled"]
+        assert (f"| {label} | {op['attention_ms']:.3f} | {flex['attention_ms']:.3f} | {op['step_ms']:.2f} | "
+                f"{flex['step_ms']:.2f} | {flex['step_ms'] / op['step_ms']:.2f}x |") in section
+    kept = {r["provider"]: r for r in json.loads((ROOT / "docs" / "bench-train-h200.json").read_text())["rows"]
+            if r["size"] == "b8n1024"}
+    assert f"the GPU was busy {kept['workbook-compiled']['kernel_ms']:.2f} ms of the op's " \
+           f"{kept['workbook-compiled']['step_ms']:.2f}" in flat
 
 
 def test_the_one_pass_step_of_the_hopper_path_is_the_committed_bench_s():

@@ -143,7 +143,12 @@ def test_the_training_page_is_what_bench_report_makes_of_the_json(tmp_path):
     assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
     page = (tmp_path / "t.md").read_text()
     assert "Host ms is the time to issue one step while the GPU works through a spin queued before it" in page
-    assert "idle GPU" not in page
+    assert "idle GPU" not in page and "host ms is above step ms" not in page       # 0.90 ms of host, 1.00 ms steps
+    doc["rows"][0]["host_ms"] = 1.1
+    path.write_text(json.dumps(doc))
+    assert cli(["bench", "report", str(path), "--out", str(tmp_path / "t.md")]) == 0
+    assert "In 1 of 1 rows host ms is above step ms" in (tmp_path / "t.md").read_text()
+    doc["rows"][0]["host_ms"] = 0.9
     doc["rows"].append({**doc["rows"][0], "size": "u"})
     doc["rows"][0].pop("host_while")                                          # an older size's row beside it
     path.write_text(json.dumps(doc))

@@ -444,7 +444,7 @@ def markdown(doc: dict, source: str) -> str:
                 + " (Python, the dispatcher, kernel launches); kernels ms is the GPU time of the step's kernels, "
                     "and attention kernels ms that of attention's alone, from a profile of a few more steps. Where "
                     "host ms is near step ms and kernels ms is below it, the step waits on the host: a faster kernel "
-                    "does not shorten it."]
+                    "does not shorten it." + _host_above(rows)]
     free = [(r, _vs_flex(rows, r), _vs_flex(rows, r, "kernel_ms")) for r in rows if r["provider"] == "attention-free"]
     if free:
         out += ["", "The most any attention kernel could gain in this model: the attention-free step (attention's "
@@ -474,6 +474,16 @@ def _host_while(rows: list[dict]) -> str:
         return idle
     return (f"{while_busy} in rows of sizes {', '.join(dict.fromkeys(r['size'] for r in rows if r.get('host_while')))}"
             f", else {idle}")
+
+
+def _host_above(rows: list[dict]) -> str:
+    """The page's sentence on rows whose host ms is above their step ms, where there are any."""
+    timed = [r for r in rows if r.get("host_ms") is not None]
+    above = [r for r in timed if r["host_ms"] > r["step_ms"]]
+    if not above:
+        return ""
+    return (f" In {len(above)} of {len(timed)} rows host ms is above step ms: one step issued alone took the host "
+            "longer than a step among the timed ones took in all, so there host ms is not the pace of the timed steps.")
 
 
 def _turns(rows: list[dict]) -> str:
