@@ -932,3 +932,33 @@ def test_the_train_tiles_probe_compares_each_run_with_flexattention_of_its_size(
     assert "--sizes: unknown 'huge'" in capsys.readouterr().err
     if not runtime.ON_GPU:
         assert probe.main(["--sizes", "b8n1024"]) == 2 and "trains on a CUDA GPU" in capsys.readouterr().err
+
+
+def test_section_18_table_is_the_committed_probe_and_its_ranges_hold():
+    """docs/hopper-notes.md's section 18: step_parts.py's table from its committed JSON, and the
+    ranges the text draws from it (pipelined host time and kernel time against the step time)."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = notes[notes.index("## 18."):notes.index("## From stage 9")]
+    flat = " ".join(section.split())
+    doc = json.loads((ROOT / "docs" / "hopper-probe-step-parts-h200.json").read_text())
+    assert _names_its_run(section, doc) and doc["command"] in flat
+    table = _probe("step_parts").summary(doc["rows"])
+    assert len(table) == 2 + 6 and all(line in section for line in table)
+    rows = doc["rows"]
+    pipelined = [r["pipelined_ms"] / r["step_ms"] for r in rows]
+    kernels = [r["kernel_ms"] / r["step_ms"] for r in rows]
+    assert min(pipelined) > 0.9 > max(kernels) and all(r["spin_outlasted"] for r in rows)
+    assert (f"the host took {min(pipelined):.2f}-{max(pipelined):.2f}x the step time to issue a step pipelined, "
+            f"while the step's kernels kept the GPU busy for {min(kernels):.2f}-{max(kernels):.2f}x of it") in flat
+    for r in rows:
+        assert abs(r["alone_ms"] - sum(r["parts_ms"].values())) < 1e-2, r
+    of = {(r["size"], r["provider"]): r for r in rows}
+    for size, more in (("b8n1024", True), ("b2n4096", False)):
+        op, flex = of[size, "workbook-compiled"]["parts_ms"], of[size, "flex-compiled"]["parts_ms"]
+        assert (op["forward"] + op["backward"] > flex["forward"] + flex["backward"]) == more, size
+    here = of["b8n1024", "workbook-compiled"]["step_ms"], of["b8n1024", "flex-compiled"]["step_ms"]
+    train = {(r["size"], r["provider"]): r for r in
+             json.loads((ROOT / "docs" / "bench-train-h200.json").read_text())["rows"]}
+    there = train["b8n1024", "workbook-compiled"]["step_ms"], train["b8n1024", "flex-compiled"]["step_ms"]
+    assert (f"took {here[0]:.2f} ms at b8n1024 here and {there[0]:.2f} ms in section 15's run, "
+            f"FlexAttention's {here[1]:.2f} and {there[1]:.2f}") in flat
