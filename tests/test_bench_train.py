@@ -303,3 +303,21 @@ def test_a_size_runs_its_providers_in_turns_end_to_end(monkeypatch):
         assert r["provider"] == provider and r["rounds"] == bench_train.ROUNDS
         assert len(r["losses"]) == 1 + 2 * bench_train.ROUNDS
         assert r["peak_mib"] == 1 and r["host_ms"] == 1.0 and r["attention_ms"] == 0.5 and r["step_ms"] == 1.0
+
+
+def test_the_training_probes_check_their_sizes_and_keep_each_row_as_it_comes(tmp_path, capsys):
+    """grader/bench/probes/train_tiles.py and step_parts.py share bench train's probe command line:
+    an unknown size is named, no GPU is said, and each row reaches the JSON when it is made."""
+    from kernels.loader import ROOT, load_file
+    for name in ("train_tiles", "step_parts"):
+        probe = load_file(ROOT / "grader" / "bench" / "probes" / f"{name}.py")
+        with pytest.raises(SystemExit) as exit_:
+            probe.main(["--sizes", "b8n1024,huge"])
+        assert exit_.value.code == 2 and "--sizes: unknown 'huge'; known: b8n1024" in capsys.readouterr().err
+        if not runtime.ON_GPU:
+            assert probe.main(["--json", str(tmp_path / "x.json")]) == 2
+            assert "this probe trains on a CUDA GPU, and none is visible here" in capsys.readouterr().err
+    doc, path = {"rows": []}, tmp_path / "probe.json"
+    for i in range(2):
+        assert bench_train.probe_record(doc, str(path), {"i": i}) == {"i": i}
+        assert json.loads(path.read_text())["rows"] == [{"i": j} for j in range(i + 1)]

@@ -40,6 +40,7 @@ step mostly waits on the host, and that pace moves from one minute to the next.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
@@ -515,6 +516,38 @@ def write_json(rows: list[dict], gaps: dict[str, float], path: str) -> None:
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
+
+
+def probe_start(argv: list[str] | None, description: str, command: str, json_name: str):
+    """The command line of a probe that trains bench train's model (grader/bench/probes/): its
+    ``--sizes`` (checked against ``SIZES``) and ``--json``, then ``(sizes, json path, doc)`` with the
+    doc's GPU, versions and command; None, said on stderr, where no CUDA GPU is visible."""
+    import argparse
+
+    import triton
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--sizes", default=",".join(SMALL), help="bench train's sizes, comma-separated")
+    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), json_name))
+    args = parser.parse_args(argv)
+    sizes = [s for s in args.sizes.split(",") if s]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown or not sizes:
+        parser.error(f"--sizes: unknown {', '.join(map(repr, unknown)) or '(none given)'}; known: {', '.join(SIZES)}")
+    if not runtime.ON_GPU:
+        print(f"this probe trains on a CUDA GPU, and none is visible here ({runtime.describe()})", file=sys.stderr)
+        return None
+    doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               command=command, rows=[])
+    return sizes, args.json, doc
+
+
+def probe_record(doc: dict, json_path: str, row: dict) -> dict:
+    """``row`` added to a probe's ``doc`` and the doc written to ``json_path`` at once, so that a run
+    cut short keeps its rows; returns the row."""
+    doc["rows"].append(row)
+    with open(json_path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return row
 
 
 def main(*, sizes: str | None = None, providers: str | None = None, steps: int = 20, warmup: int = 3,

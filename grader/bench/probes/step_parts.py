@@ -17,8 +17,6 @@ step's kernels, for the compiled model with the op, with FlexAttention and witho
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,7 +26,6 @@ sys.path.insert(0, os.getcwd())
 from kernels import runtime  # noqa: E402  (runtime decides TRITON_INTERPRET first)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 from grader.bench import train as bench_train  # noqa: E402
 
@@ -112,26 +109,15 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default=",".join(bench_train.SMALL), help="bench train's sizes, comma-separated")
-    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "step-parts.json"))
-    args = parser.parse_args(argv)
-    sizes = [s for s in args.sizes.split(",") if s]
-    unknown = [s for s in sizes if s not in bench_train.SIZES]
-    if unknown or not sizes:
-        parser.error(f"--sizes: unknown {', '.join(map(repr, unknown)) or '(none given)'}; "
-                     f"known: {', '.join(bench_train.SIZES)}")
-    if not runtime.ON_GPU:
-        print(f"this probe trains on a CUDA GPU, and none is visible here ({runtime.describe()})", file=sys.stderr)
+    start = bench_train.probe_start(argv, __doc__.split("\n\n")[0], "python grader/bench/probes/step_parts.py",
+                                    "step-parts.json")
+    if start is None:
         return 2
-    doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               command="python grader/bench/probes/step_parts.py", rows=[])
+    sizes, json_path, doc = start
     for size in sizes:
         for provider in PROVIDERS:
-            doc["rows"].append(run(bench_train.SIZES[size], provider))
-            print(summary(doc["rows"])[-1], flush=True)
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1)
+            print(summary([bench_train.probe_record(doc, json_path, run(bench_train.SIZES[size], provider))])[-1],
+                  flush=True)
     print("\n".join(summary(doc["rows"])))
     return 0
 

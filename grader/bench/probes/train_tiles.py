@@ -17,8 +17,6 @@ share, by name.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,7 +27,6 @@ from kernels import runtime, tuning  # noqa: E402  (runtime decides TRITON_INTER
 from kernels.loader import ROOT, load_package  # noqa: E402
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 
 from grader.bench import train as bench_train  # noqa: E402
 
@@ -110,29 +107,18 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default=",".join(bench_train.SMALL), help="bench train's sizes, comma-separated")
-    parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "train-tiles.json"))
-    args = parser.parse_args(argv)
-    sizes = [s for s in args.sizes.split(",") if s]
-    unknown = [s for s in sizes if s not in bench_train.SIZES]
-    if unknown or not sizes:
-        parser.error(f"--sizes: unknown {', '.join(map(repr, unknown)) or '(none given)'}; "
-                     f"known: {', '.join(bench_train.SIZES)}")
-    if not runtime.ON_GPU:
-        print(f"this probe trains on a CUDA GPU, and none is visible here ({runtime.describe()})", file=sys.stderr)
+    start = bench_train.probe_start(argv, __doc__.split("\n\n")[0], "python grader/bench/probes/train_tiles.py",
+                                    "train-tiles.json")
+    if start is None:
         return 2
-    doc = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               command="python grader/bench/probes/train_tiles.py", rows=[])
+    sizes, json_path, doc = start
     for size in sizes:
         for name, provider, tune_from, kernel_set in RUNS:
-            doc["rows"].append(run(bench_train.SIZES[size], name, provider, tune_from, kernel_set))
-            r = doc["rows"][-1]
+            r = bench_train.probe_record(doc, json_path, run(bench_train.SIZES[size], name, provider, tune_from,
+                                                             kernel_set))
             print(f"{size} {name}: attention kernels {r['attention_ms']:.3f} ms a step", flush=True)
             for kernel, ms in r["kernels"].items():
                 print(f"    {ms:7.3f} ms  {kernel[:110]}", flush=True)
-            with open(args.json, "w") as f:
-                json.dump(doc, f, indent=1)
     print("\n".join(summary(doc["rows"])))
     return 0
 
