@@ -177,6 +177,17 @@ def untuned():
             os.environ[AUTOTUNE_ENV] = before
 
 
+def timing() -> bool:
+    """Whether launches may be timed at all: on a GPU, and not where ``WORKBOOK_AUTOTUNE=0``."""
+    return runtime.ON_GPU and os.environ.get(AUTOTUNE_ENV, "1") != "0"
+
+
+def long_enough(n_q: int, n_k: int) -> bool:
+    """Whether a launch of ``n_q`` x ``n_k`` pairs a head is timed: from ``TUNE_FROM`` pairs, where
+    ``timing()``."""
+    return n_q * n_k >= TUNE_FROM and timing()
+
+
 @contextlib.contextmanager
 def tuned_from(pairs: int):
     """Within it, launches of at least ``pairs`` (query, key) pairs a head are timed as from
@@ -206,7 +217,7 @@ def plan(kernel, tiles: dict, head_dim_pad: int, n_q: int, n_k: int, *, interpre
     the ``block_m``/``block_n`` asked for.
     """
     fixed = block_m is not None or block_n is not None or counting
-    if runtime.ON_GPU and not fixed and n_q * n_k >= TUNE_FROM and os.environ.get(AUTOTUNE_ENV, "1") != "0":
+    if not fixed and long_enough(n_q, n_k):
         return kernel, {}
     bm, bn, warps, stages = first_entry(tiles, head_dim_pad, interpreter_tile)
     return kernel.fn, {"BLOCK_M": block_m if block_m is not None else bm,

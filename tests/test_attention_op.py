@@ -243,6 +243,32 @@ def test_a_call_with_much_work_in_all_has_its_triton_tiles_timed(op, monkeypatch
     assert timed == [much]
 
 
+def test_the_wgmma_kernels_are_timed_only_for_long_heads(op, monkeypatch):
+    """Much work in all, in short heads, times the Triton tiles only: the wgmma forward and the one
+    pass are planned and timed from ``tuning.TUNE_FROM`` pairs a head."""
+    plans = op.plans
+    monkeypatch.setattr(runtime, "ON_GPU", True)
+    monkeypatch.setenv(tuning.AUTOTUNE_ENV, "1")
+    monkeypatch.setattr(plans, "KERNELS", "auto")
+    monkeypatch.setattr(plans, "_plans", {})
+    monkeypatch.setattr(plans, "_backward_plans", {})
+    monkeypatch.setattr(plans, "_tuned", lambda key, tma: {
+        "tma": tma, "forward": (64, 64, 4, 1), "dkdv": (64, 64, 4, 1), "dq": (64, 64, 4, 1)})
+    monkeypatch.setattr(plans, "_wgmma_shape", lambda *args: True)
+    monkeypatch.setattr(plans, "_wgmma_backward_shape", lambda *args: True)
+    monkeypatch.setattr(plans.wgmma_backward, "library", lambda d: None)
+    forwards, backwards = [], []
+    monkeypatch.setattr(plans, "_wgmma_plan", lambda key, plan, timed: forwards.append((key[0], timed)) or plan)
+    monkeypatch.setattr(plans, "_timed_backward", lambda key: backwards.append(key[0]) or {"wgmma_backward": True})
+    cpu = torch.device("cpu")
+    short, long = (8, 8, 2, 1024, 1024, 64), (1, 4, 2, 2048, 2048, 64)
+    for shape in (short, long):
+        plans.launch_plan(*shape, torch.float16, cpu, True, 0, 0, False)
+        plans.backward_plan(*shape, torch.float16, cpu, True, 0, 0, False)
+    assert forwards == [(long, True)] and backwards == [long]
+    assert plans.backward_plan(*short, torch.float16, cpu, True, 0, 0, False) == {"wgmma_backward": False}
+
+
 def test_which_kernels_a_call_takes(op, monkeypatch):
     """The TMA kernels take a call when its shape, dtype and device allow them and the strides of
     q, k and v suit a descriptor; anything else goes to stage 9's kernels, with no copy.  A dO

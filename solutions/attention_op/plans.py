@@ -31,8 +31,6 @@ planning.
 
 from __future__ import annotations
 
-import os
-
 from kernels import runtime, tuning
 from kernels.loader import ROOT, load_file
 
@@ -223,16 +221,15 @@ TUNE_WORK = 8 * 8 * 1024 * 1024
 
 
 def timed(b: int, hq: int, nq: int, nk: int) -> bool:
-    """Whether a call's Triton tiles are timed on the GPU: from ``tuning.TUNE_FROM`` pairs a head,
-    or from ``TUNE_WORK`` pairs over the whole call (not where ``WORKBOOK_AUTOTUNE=0``)."""
-    return (runtime.ON_GPU and os.environ.get(tuning.AUTOTUNE_ENV, "1") != "0"
-            and (long_heads(nq, nk) or b * hq * nq * nk >= TUNE_WORK))
+    """Whether a call's Triton tiles are timed: where ``long_heads``, or from ``TUNE_WORK`` pairs
+    over the whole call where ``tuning.timing()`` (on a GPU, autotuning on)."""
+    return long_heads(nq, nk) or (b * hq * nq * nk >= TUNE_WORK and tuning.timing())
 
 
 def long_heads(nq: int, nk: int) -> bool:
-    """Whether each head is long enough (``tuning.TUNE_FROM`` pairs, on a GPU) for the plan to time
-    the wgmma kernels against the Triton ones (not where ``WORKBOOK_AUTOTUNE=0``)."""
-    return runtime.ON_GPU and os.environ.get(tuning.AUTOTUNE_ENV, "1") != "0" and nq * nk >= tuning.TUNE_FROM
+    """Whether each head is long enough for the plan to time its tiles and the wgmma kernels
+    against the Triton ones (``tuning.long_enough``: ``tuning.TUNE_FROM`` pairs, on a GPU)."""
+    return tuning.long_enough(nq, nk)
 
 
 def _tma_shape(d: int, dtype: torch.dtype, device: torch.device) -> bool:
