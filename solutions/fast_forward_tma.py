@@ -66,10 +66,11 @@ HEAD_DIMS = (16, 256)
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head dim; the first entry is used untimed on short
 # sequences and must fit float32 tiles in shared memory.  128 x 128 tiles pay here, where the
-# pointer-grid kernel's address registers made them lose; short tiles serve short windows.
+# pointer-grid kernel's address registers made them lose; narrow key blocks serve short windows
+# (128 x 32 at window 128: docs/hopper-notes.md, section 19).
 TMA_TILES = {
     64: [(128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3), (64, 128, 4, 2), (64, 64, 4, 3), (64, 64, 4, 2),
-         (64, 32, 4, 3)],
+         (64, 32, 4, 3), (128, 32, 4, 3)],
     128: [(128, 64, 8, 2), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3)],
     256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)],
 }
