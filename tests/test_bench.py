@@ -391,6 +391,12 @@ def _rows_by_case(name: str) -> dict:
     return by_case
 
 
+def _section(notes: str, heading: str) -> str:
+    """The notes' section that starts with ``heading``, up to the next heading of its level."""
+    start = notes.index(heading)
+    return notes[start:notes.index("\n## ", start + 1)]
+
+
 def _names_its_run(notes: str, doc: dict) -> bool:
     """Whether the notes name the GPU and the versions a probe's JSON recorded, as one phrase."""
     return f"{doc['gpu']} (torch {doc['torch']}, triton {doc['triton']}" in " ".join(notes.split())
@@ -600,7 +606,7 @@ def test_section_11_tables_are_the_committed_probes():
     cuDNN and FlexAttention is the newest run of docs/hopper-probe-op-kernels-h200.json; each names
     its GPU and versions."""
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    section = notes[notes.index("## 11."):notes.index("## From stage 9")]
+    section = _section(notes, "## 11.")
     plans = json.loads((ROOT / "docs" / "hopper-probe-op-forward-plans-h200.json").read_text())
     lines = _probe("op_forward_plans").summary(plans["rows"])
     assert len(lines) == len(plans["rows"]) >= 10 and all(line in section for line in lines), "\n".join(lines)
@@ -634,7 +640,7 @@ def test_section_12_tables_are_the_committed_probe():
     grader/bench/probes/wgmma_backward.py's summary makes of runs 2 and 3 of its committed JSON,
     the section names the GPU and versions, and its ranges are the JSON's."""
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    section = notes[notes.index("## 12."):notes.index("## From stage 9")]
+    section = _section(notes, "## 12.")
     doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-h200.json").read_text())
     assert _names_its_run(section, doc)
     runs = {run["run"]: run for run in doc["runs"]}
@@ -663,7 +669,7 @@ def test_section_13_tables_are_the_committed_probe():
     grader/bench/probes/wgmma_backward.py's summary makes of its committed JSON, the section names
     the GPU and versions, and the ranges it states are the JSON's."""
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    section = notes[notes.index("## 13."):notes.index("## From stage 9")]
+    section = _section(notes, "## 13.")
     doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-writer-h200.json").read_text())
     assert _names_its_run(section, doc)
     runs = {run["run"]: run for run in doc["runs"]}
@@ -706,7 +712,7 @@ def test_section_14_tables_are_the_committed_probe():
     from the committed JSON through the probe's summary, and the ranges it states, some set
     against section 13's runs."""
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    section = notes[notes.index("## 14."):notes.index("## From stage 9")]
+    section = _section(notes, "## 14.")
     doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-features-h200.json").read_text())
     before = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-writer-h200.json").read_text())
     assert _names_its_run(section, doc) and doc["command"] in " ".join(section.split())
@@ -749,7 +755,7 @@ def test_section_15_tables_are_the_committed_probes():
     first, its tables from the committed JSON through the probe's summary; the host time of the
     one pass from its probe, the plan's rule set by it, and the training step that showed it."""
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    section = notes[notes.index("## 15."):notes.index("## From stage 9")]
+    section = _section(notes, "## 15.")
     flat = " ".join(section.split())
     doc = json.loads((ROOT / "docs" / "hopper-probe-wgmma-backward-order-h200.json").read_text())
     assert _names_its_run(section, doc) and doc["command"] in flat
@@ -783,7 +789,7 @@ def test_section_15_tables_are_the_committed_probes():
     assert (f"took {step['workbook-compiled']['step_ms']:.2f} ms compiled against FlexAttention's "
             f"{step['flex-compiled']['step_ms']:.2f} ms") in flat
     assert f"({step['workbook-compiled']['host_ms']:.2f} ms to issue a step)" in flat
-    rows = json.loads((ROOT / "docs" / "bench-train-h200.json").read_text())["rows"]
+    rows = json.loads((ROOT / "docs" / "hopper-probe-train-plans-h200.json").read_text())["rows"]
     of = {(r["size"], r["provider"]): r for r in rows}
     op, flex = ((of["b8n1024", p], of["b2n4096", p]) for p in ("workbook-compiled", "flex-compiled"))
     assert (f"took {op[0]['step_ms']:.2f} ms compiled against FlexAttention's {flex[0]['step_ms']:.2f} at "
@@ -802,7 +808,7 @@ def test_section_16_tables_are_the_committed_probes():
     """docs/hopper-notes.md's section 16: the prefetching one pass, the timed plans at bench train's
     sizes and gpt-oss's layer through the op, each table from its committed JSON, each run named."""
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    section = notes[notes.index("## 16."):notes.index("## From stage 9")]
+    section = _section(notes, "## 16.")
     flat = " ".join(section.split())
     docs = {name: json.loads((ROOT / "docs" / f"hopper-probe-{name}-h200.json").read_text())
             for name in ("wgmma-backward-prefetch", "train-tiles", "op-kernels-gptoss")}
@@ -866,19 +872,20 @@ def test_section_17_compares_the_two_plans_each_from_its_run():
     Triton tiles alone timed, each row from its run's JSON, and the rule the op keeps."""
     from kernels import tuning
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    section = notes[notes.index("## 17."):notes.index("## From stage 9")]
+    section = _section(notes, "## 17.")
     flat = " ".join(section.split())
     plans = load_package(ROOT / "solutions" / "attention_op").plans
     assert plans.TUNE_WORK == 8 * 8 * 1024 * 1024 and 1024 * 1024 < tuning.TUNE_FROM
     for label, name in (("every kernel timed, the wgmma ones too", "hopper-probe-train-timed-wgmma-h200.json"),
-                        ("Triton tiles timed, as kept", "bench-train-h200.json")):
+                        ("Triton tiles timed, as kept", "hopper-probe-train-plans-h200.json")):
         doc = json.loads((ROOT / "docs" / name).read_text())
         assert _names_its_run(section, doc) and f"({name})" in section
         of = {r["provider"]: r for r in doc["rows"] if r["size"] == "b8n1024"}
         op, flex = of["workbook-compiled"], of["flex-compiled"]
         assert (f"| {label} | {op['attention_ms']:.3f} | {flex['attention_ms']:.3f} | {op['step_ms']:.2f} | "
                 f"{flex['step_ms']:.2f} | {flex['step_ms'] / op['step_ms']:.2f}x |") in section
-    kept = {r["provider"]: r for r in json.loads((ROOT / "docs" / "bench-train-h200.json").read_text())["rows"]
+    kept = {r["provider"]: r for r in
+            json.loads((ROOT / "docs" / "hopper-probe-train-plans-h200.json").read_text())["rows"]
             if r["size"] == "b8n1024"}
     assert f"the GPU was busy {kept['workbook-compiled']['kernel_ms']:.2f} ms of the op's " \
            f"{kept['workbook-compiled']['step_ms']:.2f}" in flat
@@ -938,7 +945,7 @@ def test_section_18_table_is_the_committed_probe_and_its_ranges_hold():
     """docs/hopper-notes.md's section 18: step_parts.py's table from its committed JSON, and the
     ranges the text draws from it (pipelined host time and kernel time against the step time)."""
     notes = (ROOT / "docs" / "hopper-notes.md").read_text()
-    section = notes[notes.index("## 18."):notes.index("## From stage 9")]
+    section = _section(notes, "## 18.")
     flat = " ".join(section.split())
     doc = json.loads((ROOT / "docs" / "hopper-probe-step-parts-h200.json").read_text())
     assert _names_its_run(section, doc) and doc["command"] in flat
@@ -958,7 +965,81 @@ def test_section_18_table_is_the_committed_probe_and_its_ranges_hold():
         assert (op["forward"] + op["backward"] > flex["forward"] + flex["backward"]) == more, size
     here = of["b8n1024", "workbook-compiled"]["step_ms"], of["b8n1024", "flex-compiled"]["step_ms"]
     train = {(r["size"], r["provider"]): r for r in
-             json.loads((ROOT / "docs" / "bench-train-h200.json").read_text())["rows"]}
+             json.loads((ROOT / "docs" / "hopper-probe-train-plans-h200.json").read_text())["rows"]}
     there = train["b8n1024", "workbook-compiled"]["step_ms"], train["b8n1024", "flex-compiled"]["step_ms"]
     assert (f"took {here[0]:.2f} ms at b8n1024 here and {there[0]:.2f} ms in section 15's run, "
             f"FlexAttention's {here[1]:.2f} and {there[1]:.2f}") in flat
+
+
+def _train_rows(name: str) -> dict:
+    return {(r["size"], r["provider"]): r for r in json.loads((ROOT / "docs" / name).read_text())["rows"]}
+
+
+def test_section_19_table_is_the_committed_probe_and_its_tile_is_planned():
+    """docs/hopper-notes.md's section 19: the window forward's tiles from their committed JSON, the
+    tile it adds to the TMA forward's table (not as the untimed first entry), and the rate that 1.5x
+    FlexAttention at window 1024 would take, against the stage 9 bench's dense forwards."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = _section(notes, "## 19.")
+    flat = " ".join(section.split())
+    doc = json.loads((ROOT / "docs" / "hopper-probe-window-forward-tiles-h200.json").read_text())
+    assert _names_its_run(section, doc)
+    table = _probe("window_forward_tiles").summary(doc["rows"])
+    assert len(table) == 2 + 6 and all(line in section for line in table)
+    ms = {(r["run"], r["case"], r["provider"], r["tile"]): r["ms"] for r in doc["rows"] if r.get("ms")}
+    w128 = {t: v for (run, case, p, t), v in ms.items()
+            if run == "all tiles" and case == "B4 Hq32/Hkv8 N8192 D64 W128" and p == "tma tile"}
+    assert min(w128, key=w128.get) == "128/32/4w/3s"
+    tma = load_file(ROOT / "solutions" / "fast_forward_tma.py")
+    assert (128, 32, 4, 3) in tma.TMA_TILES[64] and tma.TMA_TILES[64][0] == (128, 64, 4, 3)
+    for window, worst in ((128, 1.47), (1024, 1.21)):
+        case = f"B4 Hq32/Hkv8 N8192 D64 W{window}"
+        times = {t: v for (run, c, p, t), v in ms.items() if run == "all tiles" and c == case and p == "tma tile"}
+        tall = [v / min(times.values()) for t, v in times.items() if int(t.split("/")[0]) > 128]
+        assert f"{min(tall):.2f}" == f"{worst:.2f}", window
+    flex = ms["all tiles", "B4 Hq32/Hkv8 N8192 D64 W1024", "flex", ""]
+    flops = 4 * 4 * 32 * 64 * sum(min(i + 1, 1024) for i in range(8192))
+    bench = {(r["case"], r["provider"]): r["tflops"] for r in
+             json.loads((ROOT / "docs" / "bench-stage9-h200.json").read_text())["rows"] if r["ms"]}
+    assert (f"FlexAttention's {flex:.3f} ms / 1.5 = {flex / 1.5:.3f} ms, {flops / (flex / 1.5) / 1e9:.0f} TFLOP/s "
+            f"of the {flops:.2e} FLOPs".replace("e+", "e")) in flat
+    assert f"dense causal D64 forward ({bench['B4 H16 N4096 D64 causal fwd', 'sdpa-cudnn']:.0f} TFLOP/s" in flat
+    assert f"dense forward without a mask ({bench['B4 H16 N4096 D64 fwd', 'sdpa-cudnn']:.0f})" in flat
+    dense_flex, dense_op = bench["B4 H16 N4096 D64 fwd", "flex"], bench["B4 H16 N4096 D64 fwd", "op"]
+    assert (f"runs at {flops / flex / 1e9:.0f} TFLOP/s, {flops / flex / 1e9 / dense_flex:.2f}x its own dense "
+            f"forward ({dense_flex:.0f} in that bench run); 1.5x it would ask the op for "
+            f"{flops / (flex / 1.5) / 1e9 / dense_op:.2f}x of its dense rate ({dense_op:.0f})") in flat
+
+
+def test_section_20_and_the_pages_figures_are_the_committed_training_run_s():
+    """docs/hopper-notes.md's section 20 table, and the figures sections 4 and "What follows" quote,
+    are docs/bench-train-h200.json's; section 15's figures are its own run's."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = _section(notes, "## 20.")
+    doc = json.loads((ROOT / "docs" / "bench-train-h200.json").read_text())
+    assert _names_its_run(section, doc)
+    of = _train_rows("bench-train-h200.json")
+    sizes = ("b8n1024", "b2n4096", "large")
+    assert {s for s, _ in of} == set(sizes)
+    op, flex = ([of[s, p] for s in sizes] for p in ("workbook-compiled", "flex-compiled"))
+    for o, f, c in zip(op, flex, (of[s, "cudnn-compiled"] for s in sizes)):
+        assert (f"| {o['size']} | {o['step_ms']:.2f} | {f['step_ms']:.2f} | {f['step_ms'] / o['step_ms']:.2f}x | "
+                f"{o['attention_ms']:.2f} | {f['attention_ms']:.2f} | {f['attention_ms'] / o['attention_ms']:.2f}x | "
+                f"{c['step_ms'] / o['step_ms']:.2f}x |") in section
+    large_op, large_flex = op[2], flex[2]
+    assert large_flex["step_ms"] / large_op["step_ms"] >= 1.0 and large_flex["attention_ms"] / large_op[
+        "attention_ms"] >= 1.3
+    flat = " ".join(notes.split())
+    assert (f"attention kernels took {op[0]['attention_ms']:.2f}, {op[1]['attention_ms']:.2f} and "
+            f"{op[2]['attention_ms']:.2f} ms per step at b8n1024, b2n4096 and large, against FlexAttention's "
+            f"{flex[0]['attention_ms']:.2f}, {flex[1]['attention_ms']:.2f} and {flex[2]['attention_ms']:.2f}") in flat
+    old = _train_rows("hopper-probe-train-plans-h200.json")
+    before = [old[s, p]["attention_ms"] for p in ("workbook-compiled", "flex-compiled") for s in sizes[:2]]
+    assert "in section 15's run they took {:.2f} and {:.2f} against {:.2f} and {:.2f}".format(*before) in flat
+    follows = " ".join(_section(notes + "\n## end", "## What follows").split())
+    kernels = [f["attention_ms"] / o["attention_ms"] for o, f in zip(op, flex)]
+    steps = [f["step_ms"] / o["step_ms"] for o, f in zip(op, flex)]
+    assert "ran {:.2f}x, {:.2f}x and {:.2f}x as fast as FlexAttention's".format(*kernels) in follows
+    assert "its compiled step {:.2f}x, {:.2f}x and {:.2f}x FlexAttention's".format(*steps) in follows
+    was = [old[s, "flex-compiled"]["step_ms"] / old[s, "workbook-compiled"]["step_ms"] for s in sizes[:2]]
+    assert "the op's step was {:.2f}x and {:.2f}x in section 15's run".format(*was) in follows
