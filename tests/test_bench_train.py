@@ -321,3 +321,20 @@ def test_the_training_probes_check_their_sizes_and_keep_each_row_as_it_comes(tmp
     for i in range(2):
         assert bench_train.probe_record(doc, str(path), {"i": i}) == {"i": i}
         assert json.loads(path.read_text())["rows"] == [{"i": j} for j in range(i + 1)]
+
+
+def test_the_probes_turn_the_compile_caches_off_in_main_not_at_import(monkeypatch):
+    """Importing a probe that trains (as the tests do) leaves Inductor's caches as they were; its
+    ``compile_caches_off`` turns both off."""
+    from kernels.loader import ROOT, load_file
+
+    import torch._functorch.config
+    import torch._inductor.config
+    caches = ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"))
+    for config, flag in caches:
+        monkeypatch.setattr(config, flag, True)
+    for name in ("train_tiles", "compiled_host", "step_parts"):
+        load_file(ROOT / "grader" / "bench" / "probes" / f"{name}.py")
+        assert all(getattr(config, flag) is True for config, flag in caches), name
+    bench_train.compile_caches_off()
+    assert all(getattr(config, flag) is False for config, flag in caches)

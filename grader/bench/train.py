@@ -518,6 +518,18 @@ def write_json(rows: list[dict], gaps: dict[str, float], path: str) -> None:
         f.write("\n")
 
 
+def compile_caches_off() -> None:
+    """Turn off Inductor's graph cache and AOTAutograd's cache in this process: a probe that compiles
+    the same Python under other plans must not take a graph compiled under another run's.  Called by
+    the probes' ``main``, never at import, so that importing a probe (as the tests do) changes nothing."""
+    import torch._functorch.config
+    import torch._inductor.config
+    caches = ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"))
+    for config, flag in caches:
+        if hasattr(config, flag):
+            setattr(config, flag, False)
+
+
 def probe_start(argv: list[str] | None, description: str, command: str, json_name: str):
     """The command line of a probe that trains bench train's model (grader/bench/probes/): its
     ``--sizes`` (checked against ``SIZES``) and ``--json``, then ``(sizes, json path, doc)`` with the

@@ -50,6 +50,9 @@ wgmma_backward = load_file(ROOT / "solutions" / "fast_backward_wgmma.py")
 #: wgmma forward and backward wherever they can run, untimed: for tests).
 KERNELS = "auto"
 
+#: Launch plans by (shape, dtype, device, mask, KERNELS, tma).  Made once and kept for the process:
+#: a plan made before ``WORKBOOK_AUTOTUNE`` or ``tuning.TUNE_FROM`` changes keeps the rule it was
+#: made under (tests that change them start from an empty cache).
 _plans: dict[tuple, dict] = {}
 
 

@@ -5,7 +5,8 @@ hopper-notes.md, section 15).  This probe times the host two other ways, the GPU
 spin queued first so that no launch waits on it:
 
 * by part: the forward (under autocast), ``loss.backward()``, the optimizer's step and
-  ``zero_grad``, each step issued alone (the median over ``STEPS`` steps);
+  ``zero_grad``, each step issued alone (the median over ``STEPS`` steps); "a step alone" is the
+  sum of those four medians;
 * pipelined: ``PIPELINED`` steps issued back to back behind one spin, the host's time per step.
   Where the spin ended before the host had issued them all, a launch may have waited on the GPU
   and the row says so (``spin_outlasted`` false).

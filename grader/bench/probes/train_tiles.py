@@ -30,11 +30,6 @@ import torch  # noqa: E402
 
 from grader.bench import train as bench_train  # noqa: E402
 
-# Each run compiles the same Python with other plans: no graph may come from a cache of another run's.
-for _config, _flag in ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache")):
-    if hasattr(_config, _flag):
-        setattr(_config, _flag, False)
-
 WARMUP, PROFILED = 3, 5                   # steps before the profile (the compile among them), and in it
 #: (row name, bench train's provider, TUNE_FROM for the run: None keeps the committed one, the op's
 #: kernel set: plans.KERNELS, "tma" for the Triton kernels alone, no wgmma forward or one pass)
@@ -112,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if start is None:
         return 2
     sizes, json_path, doc = start
+    bench_train.compile_caches_off()
     for size in sizes:
         for name, provider, tune_from, kernel_set in RUNS:
             r = bench_train.probe_record(doc, json_path, run(bench_train.SIZES[size], name, provider, tune_from,
