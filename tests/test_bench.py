@@ -985,7 +985,9 @@ def test_section_19_table_is_the_committed_probe_and_its_tile_is_planned():
     doc = json.loads((ROOT / "docs" / "hopper-probe-window-forward-tiles-h200.json").read_text())
     assert _names_its_run(section, doc)
     table = _probe("window_forward_tiles").summary(doc["rows"])
-    assert len(table) == 2 + 6 and all(line in section for line in table)
+    assert len(table) == 2 + 8 and all(line in section for line in table)
+    after = [r for r in doc["rows"] if r["run"] == "narrow, tile in the table" and r["provider"] == "tma autotuned"]
+    assert len(after) == 2 and all(r["tile"] == "128/32/4w/3s" for r in after)
     ms = {(r["run"], r["case"], r["provider"], r["tile"]): r["ms"] for r in doc["rows"] if r.get("ms")}
     w128 = {t: v for (run, case, p, t), v in ms.items()
             if run == "all tiles" and case == "B4 Hq32/Hkv8 N8192 D64 W128" and p == "tma tile"}
