@@ -1029,6 +1029,8 @@ def test_section_20_and_the_pages_figures_are_the_committed_training_run_s():
                 f"{o['attention_ms']:.2f} | {f['attention_ms']:.2f} | {f['attention_ms'] / o['attention_ms']:.2f}x | "
                 f"{c['step_ms'] / o['step_ms']:.2f}x |") in section
     large_op, large_flex = op[2], flex[2]
+    assert (f"kept the GPU busy {large_op['kernel_ms']:.2f} ms of the op's {large_op['step_ms']:.2f}"
+            in " ".join(section.split()))
     assert large_flex["step_ms"] / large_op["step_ms"] >= 1.0 and large_flex["attention_ms"] / large_op[
         "attention_ms"] >= 1.3
     flat = " ".join(notes.split())
