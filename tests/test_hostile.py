@@ -377,7 +377,11 @@ def graded(request, tmp_path_factory):
     cmd = [sys.executable, "-m", "grader", "batch", str(subs), "--stages", "stage1", "--out", str(out),
            "--jobs", "2", "--isolation", mechanism]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    time.sleep(10)  # the forger sleeps 8 s before it writes: give it the chance
+    # The forger sleeps 8 s before it writes: give it the chance, 10 s from when its learner's record was
+    # written (it started before that, at import), which the batch may have done long before it ended.
+    forged = out / "learners" / "forge_own_record" / "stage1.json"
+    written = forged.stat().st_mtime if forged.exists() else time.time()
+    time.sleep(max(0.0, written + 10 - time.time()))
     yield dict(mechanism=mechanism, subs=subs, out=out, roles=roles, run=done, before=before, guarded=guarded,
                server=server)
     server.sock.close()
