@@ -1,10 +1,11 @@
 """A hostile class: learners who attack the grader and each other, graded in one batch.
 
-Each attack below is a stage 1 submission built here.  An attacker that steals an answer (the
-solutions, the reference, a classmate's file, a file served over the network) uses it, so a
-successful theft would score points; one that attacks a classmate does it at import time, while
-honest classmates are graded beside it.  For every mechanism that works on this machine
-(grader/isolation/), the suite asserts that
+Each attack below is a stage 1 submission built here, but for the thefts that only read (THEFTS): one
+submission, the thief, tries each of them in turn, each from a clean slate, and says which it tried.
+An attacker that steals an answer (the solutions, the reference, a classmate's file, a file served
+over the network) uses it, so a successful theft would score points; one that attacks a classmate
+does it at import time, while honest classmates are graded beside it.  For every mechanism that
+works on this machine (grader/isolation/), the suite asserts that
 
 * honest learners keep full marks, and their files and records are untouched;
 * every attack earns nothing, and its record says why;
@@ -49,8 +50,8 @@ SLEEPER = "31415"                  # `sleep 31415`: a process an attacker leaves
 LIMITS = dict(WORKBOOK_CHECK_TIMEOUT="40", WORKBOOK_STAGE_TIMEOUT="150", WORKBOOK_MEMORY_MB="1024",
               WORKBOOK_PROCESSES="64", WORKBOOK_DISK_MB="256")
 
-# Every attacker's file: the attack (ATTACK), then functions that use whatever it stole.
-TEMPLATE = '''
+# What every attacker's file starts with: what it can reach, and what a theft sets.
+PREAMBLE = '''
 import os, sys, glob, subprocess, signal, time
 from pathlib import Path
 ROOT = Path({root!r})
@@ -59,7 +60,9 @@ OUT = Path({out!r})
 SOLUTION = ROOT / "solutions" / {file!r}
 STOLEN = None      # source text of a working stage 1
 REF = None         # the reference module, if it could be had
-
+'''
+# Every attacker's file: the attack (ATTACK), then functions that use whatever it stole.
+TEMPLATE = PREAMBLE + '''
 def _attack():
     global STOLEN, REF
 {attack}
@@ -96,54 +99,48 @@ def indent(code: str, n: int = 4) -> str:
     return "\n".join(" " * n + line if line.strip() else line for line in lines) or " " * n + "pass"
 
 
-# name -> (attack at import time, attack inside online_softmax)
-ATTACKS: dict[str, tuple[str, str]] = {
-    "guard_off": ("""
-from grader.isolation import guard
-guard.Guard._refusal = lambda self, event, args: None
-sys.meta_path[:] = [m for m in sys.meta_path if type(m).__name__ != "_RefuseImports"]
-STOLEN = open(SOLUTION).read()
-""", ""),
-    "subprocess_cat": ("STOLEN = subprocess.run(['cat', str(SOLUTION)], capture_output=True, text=True).stdout", ""),
-    "os_system": ("""
+# name -> what it runs to steal, setting STOLEN or REF: the thief (THIEF_TEMPLATE) runs them all.
+THEFTS: dict[str, str] = {
+    "subprocess_cat": "STOLEN = subprocess.run(['cat', str(SOLUTION)], capture_output=True, text=True).stdout",
+    "os_system": """
 os.system(f"cat {SOLUTION} > /tmp/stolen.py")
 STOLEN = open('/tmp/stolen.py').read()
-""", ""),
-    "posix_spawn": ("""
+""",
+    "posix_spawn": """
 fa = [(os.POSIX_SPAWN_OPEN, 1, '/tmp/spawned.py', os.O_WRONLY | os.O_CREAT, 0o644)]
 pid = os.posix_spawn('/bin/cat', ['cat', str(SOLUTION)], os.environ, file_actions=fa)
 os.waitpid(pid, 0)
 STOLEN = open('/tmp/spawned.py').read()
-""", ""),
-    "dir_fd": ("""
+""",
+    "dir_fd": """
 os.chdir('/')
 top = os.open(str(ROOT).lstrip('/') or '.', os.O_RDONLY)
 fd = os.open('solutions/' + SOLUTION.name, os.O_RDONLY, dir_fd=top)
 STOLEN = os.read(fd, 1 << 20).decode()
-""", ""),
-    "ctypes_open": ("""
+""",
+    "ctypes_open": """
 import ctypes
 libc = ctypes.CDLL(None)
 fd = libc.open(str(SOLUTION).encode(), 0)
 buf = ctypes.create_string_buffer(1 << 20)
 n = libc.read(fd, buf, 1 << 20)
 STOLEN = buf.raw[:n].decode() if n > 0 else None
-""", ""),
-    "reference_pyc": ("""
+""",
+    "reference_pyc": """
 import marshal, types
 for pyc in glob.glob(str(ROOT / 'kernels' / '__pycache__' / 'reference*.pyc')):
     code = marshal.loads(open(pyc, 'rb').read()[16:])
     REF = types.ModuleType('stolen_reference')
     exec(code, REF.__dict__)
-""", ""),
-    "reference_reload": ("""
+""",
+    "reference_reload": """
 import importlib
 import kernels.reference as r
 REF = importlib.reload(r)
 REF.softmax
-""", ""),
+""",
     # The grader's environment holds the solution (as an instructor's secret might): read it from /proc.
-    "proc_environ": ("""
+    "proc_environ": """
 import base64
 for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
     for part in ('environ', 'cmdline'):
@@ -154,29 +151,100 @@ for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
         for item in data.split(b'\\0'):
             if item.startswith(b'HOSTILE_SECRET='):
                 STOLEN = base64.b64decode(item.split(b'=', 1)[1]).decode()
-""", ""),
-    "proc_root": ("""
+""",
+    "proc_root": """
 for root in glob.glob('/proc/[0-9]*/root'):
     try:
         STOLEN = open(root + str(SOLUTION)).read()
         break
     except OSError:
         pass
-""", ""),
+""",
     # Where the grader keeps copies of submissions, and the submissions themselves.  (Under 'user',
     # a world-readable copy elsewhere on the machine is readable: that is the machine's business.)
-    "peer_snapshots": ("""
+    "peer_snapshots": """
 for path in (glob.glob('/tmp/workbook-*/**/' + SOLUTION.name, recursive=True)
              + glob.glob('/tmp/workbook-*/*/' + SOLUTION.name) + glob.glob(str(SUBS / '*' / SOLUTION.name))):
     text = open(path).read()
     if 'nothing was stolen' not in text and 'NotImplementedError' not in text:
         STOLEN = text
         break
-""", ""),
-    "network": ("""
+""",
+    "network": """
 import socket
 s = socket.create_connection(('127.0.0.1', PORT), timeout=5)
 STOLEN = s.makefile().read()
+""",
+}
+# dir_fd leaves the thief in "/": it goes last, so that the others run where they would alone.
+THEFTS["dir_fd"] = THEFTS.pop("dir_fd")
+
+# The thief: each theft in a function of its own, run in turn from a clean slate (STOLEN and REF back
+# to None, an exception ending only that theft), then the first working stage 1 or reference it got
+# is used, as an attacker of its own would use it.  Its message names every theft that ran to its
+# end, so a theft that stopped the others (by ending the process, say) cannot go unseen.
+THIEF_TEMPLATE = PREAMBLE + '''
+{thefts}
+
+_ns, _refs, _tried = {{}}, [], []
+for _name, _theft in _THEFTS:
+    STOLEN = REF = None
+    try:
+        _theft()
+    except BaseException:
+        pass
+    if STOLEN and "online_softmax" not in _ns:
+        try:
+            _got = {{}}
+            exec(compile(STOLEN, "stolen", "exec"), _got)
+            if "online_softmax" in _got:
+                _ns = _got
+        except BaseException:
+            pass
+    if REF is not None:
+        _refs.append(REF)
+    _tried.append(_name)
+NOTHING = "nothing was stolen by " + ", ".join(_tried)
+
+def online_softmax(x, *args, **kwargs):
+    if "online_softmax" in _ns:
+        return _ns["online_softmax"](x, *args, **kwargs)
+    for ref in _refs:
+        try:
+            return ref.softmax(x, compute_dtype=x.dtype).to(x.dtype)
+        except Exception:
+            pass
+    raise NotImplementedError(NOTHING)
+
+def flash_attention(q, k, v, **kwargs):
+    if "flash_attention" in _ns:
+        return _ns["flash_attention"](q, k, v, **kwargs)
+    kwargs.pop("block_m", None); kwargs.pop("block_n", None)
+    for ref in _refs:
+        try:
+            o, lse = ref.attention(q, k, v, **kwargs)
+            return o.to(q.dtype), lse.float()
+        except Exception:
+            pass
+    raise NotImplementedError(NOTHING)
+'''
+
+
+def thief_source(root, subs, out, port: int, thefts: dict[str, str] = THEFTS) -> str:
+    """The thief's stage 1 file: ``thefts`` as functions _theft_<name>, listed in order in _THEFTS."""
+    code = "\n\n".join(f"def _theft_{name}():\n    global STOLEN, REF\n{indent(text.replace('PORT', str(port)))}"
+                        for name, text in thefts.items())
+    code += "\n\n_THEFTS = [" + ", ".join(f"({name!r}, _theft_{name})" for name in thefts) + "]"
+    return THIEF_TEMPLATE.format(root=str(root), subs=str(subs), out=str(out), file=FILE, thefts=code)
+
+
+# name -> (attack at import time, attack inside online_softmax)
+ATTACKS: dict[str, tuple[str, str]] = {
+    "guard_off": ("""
+from grader.isolation import guard
+guard.Guard._refusal = lambda self, event, args: None
+sys.meta_path[:] = [m for m in sys.meta_path if type(m).__name__ != "_RefuseImports"]
+STOLEN = open(SOLUTION).read()
 """, ""),
     # -- against classmates and the grader ---------------------------------------------------
     "rewrite_peers": ("""
@@ -257,9 +325,7 @@ with open('/tmp/fill', 'wb') as f:
         f.write(b'x' * (1 << 20))
 """),
 }
-READS = {"proc_environ", "guard_off", "subprocess_cat", "os_system", "posix_spawn", "dir_fd", "ctypes_open",
-         "reference_pyc", "reference_reload", "proc_root", "peer_snapshots", "network", "symlink_file",
-         "symlink_folder"}
+READS = {"guard_off", "thief", "symlink_file", "symlink_folder"}
 LIMIT_ATTACKS = {"shm_file": "memory", "shared_mmap": "memory", "fork_bomb": "processes", "disk_fill": "disk"}
 
 
@@ -302,6 +368,9 @@ def build_class(subs: Path, out: Path, port: int, mechanism: str) -> dict[str, s
                                attack=indent(attack.replace("PORT", str(port))), during=indent(during))
         (subs / name / FILE).write_text(text)
         roles[name] = "attack"
+    (subs / "thief").mkdir()
+    (subs / "thief" / FILE).write_text(thief_source(ROOT, subs, out, port))
+    roles["thief"] = "attack"
     (subs / "symlink_file").mkdir()
     os.symlink(SOLUTION, subs / "symlink_file" / FILE)
     (subs / "symlink_folder").mkdir()
@@ -434,6 +503,22 @@ def test_every_attack_earns_nothing_and_says_why(graded):
     assert "symbolic link" in records_text["symlink_file"]
     assert "symbolic link" in records_text["symlink_folder"]
     assert "nothing was stolen" in records_text["guard_off"]
+    thief = records["thief"]["result"]["results"][0]["message"]
+    assert "nothing was stolen by " + ", ".join(THEFTS) in thief, thief       # every theft ran, none scored
+
+
+def test_the_thief_scores_with_whatever_one_theft_gets(tmp_path):
+    """Outside the grader nothing stops a theft: the thief, its thefts failing but one, answers as the
+    solution or the reference would, so a theft that worked in the class would have scored."""
+    import torch
+    x = torch.randn(3, 50)
+    failing = {"missing": "STOLEN = open('/nonexistent/stage1.py').read()", "raises": "raise OSError('refused')"}
+    works = {"ctypes_open": THEFTS["ctypes_open"], "reference": "import kernels.reference\nREF = kernels.reference"}
+    for name, theft in works.items():
+        namespace: dict = {}
+        exec(compile(thief_source(ROOT, tmp_path, tmp_path, 0, {**failing, name: theft}), "thief", "exec"), namespace)
+        assert namespace["_tried"] == [*failing, name]
+        assert torch.allclose(namespace["online_softmax"](x), torch.softmax(x, -1), atol=1e-6), name
 
 
 def test_limits_stop_their_attack_with_the_reason(graded):
