@@ -51,6 +51,9 @@ CONFIG = {"HEAD_DIM": 72, "BLOCK_M": 64, "BLOCK_N": 32, "NUM_WARPS": 2}
 needs_solutions = pytest.mark.skipif(not (ROOT / "solutions").is_dir(), reason="this copy has no solutions/")
 FULL = os.environ.get("WORKBOOK_COMPILE_MATRIX") == "all" or os.environ.get("WORKBOOK_TARGETS_FRESH") == "1"
 needs_full_matrix = pytest.mark.skipif(not FULL, reason="needs the whole compile matrix: WORKBOOK_COMPILE_MATRIX=all")
+# The tests that read the matrix: CI's compile-matrix job runs these alone (-m compile_matrix), since the
+# others do not depend on WORKBOOK_COMPILE_MATRIX and the quick run has run them already.
+compile_matrix = pytest.mark.compile_matrix
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,7 @@ def matrix(tmp_path_factory):
 KNOWN_LIMITS = {("sm_75", "float32", 256)}
 
 
+@compile_matrix
 @needs_solutions
 def test_every_configuration_fits_its_target(matrix):
     rows = matrix["rows"]
@@ -88,6 +92,7 @@ def test_every_configuration_fits_its_target(matrix):
     assert not too_big, "\n".join(too_big)
 
 
+@compile_matrix
 @needs_solutions
 def test_the_sample_compiles_every_kernel_for_every_target_once(matrix):
     """Every (target, stage, kernel) the whole matrix compiles is in the run, whole or sampled; sampled, once."""
@@ -98,6 +103,7 @@ def test_the_sample_compiles_every_kernel_for_every_target_once(matrix):
         assert len(pairs) == len(set(pairs)) and all(r["how"] == "compiled" for r in matrix["rows"])
 
 
+@compile_matrix
 @needs_solutions
 @needs_full_matrix
 def test_the_known_limits_still_hold(matrix):
@@ -112,6 +118,7 @@ def test_the_known_limits_still_hold(matrix):
     assert (64 * 1024, "float32", 256) in tuning.DOES_NOT_FIT, "the backward must refuse what does not fit"
 
 
+@compile_matrix
 @needs_solutions
 @needs_full_matrix
 def test_the_matrix_covers_every_target_kernel_and_head_dim(matrix):
@@ -130,6 +137,7 @@ def test_the_matrix_covers_every_target_kernel_and_head_dim(matrix):
                            and r["kernel"] == "_bwd_dq_kernel" for r in rows), (target, d, dtype)
 
 
+@compile_matrix
 @needs_solutions
 @needs_full_matrix
 def test_whole_tables_are_compiled_for_the_target_of_each_table(matrix):
