@@ -28,6 +28,11 @@ lesson pull apart:
   filled at the start and drained at the end, and a window's tile has few blocks (17 at window
   1024), so the leading edge and the diagonal band share one loop before the whole blocks, and
   the pipeline is filled and drained twice rather than three times.
+* **A short window's blocks in one masked loop.**  At window 128 a 128 x 32 tile sees five key
+  blocks, three of them whole; one loop over all five, each masked, fills and drains its pipeline
+  once instead of twice.  At window 1024 most of a tile's blocks are whole and their masks cost
+  more than the second pipeline saves, so longer windows keep the two loops (``one_loop``;
+  docs/hopper-notes.md, section 19, has the measurements).
 * **The scale folded into the exponent.**  ``exp2(s * qk_scale - m)`` is one fused multiply-add
   per score instead of a multiply then a subtract.
 * **Causal programs longest first.**  The last query blocks see the most keys; starting them
@@ -75,6 +80,9 @@ TMA_TILES = {
     256: [(64, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 2)],
 }
 INTERPRETER_TILE = (32, 32, 4, 1)
+#: The longest window whose blocks the forward takes in one masked loop (``one_loop``): one loop was
+#: faster at window 128 and slower at 1024 (docs/hopper-notes.md, section 19).
+ONE_LOOP_WINDOW = 128
 
 
 @triton.jit
@@ -158,6 +166,7 @@ def _tma_forward_kernel(
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINK_TOKENS: tl.constexpr, HAS_SINKS: tl.constexpr,
     PACK: tl.constexpr,                          # query heads per program (1, or GROUP: see flash_attention)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ONE_LOOP: tl.constexpr = False,              # a window's blocks in one masked loop (see one_loop)
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK         # query positions per program; BLOCK_M rows = PACK heads x ROWS
     qk_scale = tl.cast(qk_scale, tl.float32)     # float32 under torch.compile too, where a float arrives as float64
@@ -195,7 +204,8 @@ def _tma_forward_kernel(
 
     # Stage 8's ranges (stage 9's key_blocks_of), for ROWS positions: the sink tokens [0, sink_hi),
     # the window's masked leading edge [lo, full_lo), whole blocks [full_lo, full_hi), the diagonal
-    # band (or the last partial block) [full_hi, hi).  A window takes its two masked ranges in one loop.
+    # band (or the last partial block) [full_hi, hi).  A window takes its two masked ranges in one loop,
+    # or with ONE_LOOP (a short window) all of [lo, hi) in one masked loop.
     shift = N_K - N_Q
     sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL=CAUSAL,
                                                       HAS_WINDOW=HAS_WINDOW, BLOCK_M=ROWS, BLOCK_N=BLOCK_N)
@@ -205,12 +215,18 @@ def _tma_forward_kernel(
                 acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, 0, sink_hi, pos, offs_n, N_K,
                                             shift, WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW,
                                             HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
-        acc, m_i, l_i = _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, lo, full_lo, full_hi, hi, pos,
-                                          offs_n, N_K, shift, WINDOW, SINK_TOKENS, qk_scale, CAUSAL, HAS_SINK_TOKENS,
-                                          BLOCK_N, HEAD_DIM_PAD)
-    acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, full_lo, full_hi, pos, offs_n, N_K,
-                                shift, WINDOW, SINK_TOKENS, qk_scale, False, CAUSAL, HAS_WINDOW,
-                                HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
+        if ONE_LOOP:
+            acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, lo, hi, pos, offs_n, N_K, shift,
+                                        WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW, HAS_SINK_TOKENS,
+                                        BLOCK_N, HEAD_DIM_PAD)
+        else:
+            acc, m_i, l_i = _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, lo, full_lo, full_hi, hi,
+                                              pos, offs_n, N_K, shift, WINDOW, SINK_TOKENS, qk_scale, CAUSAL,
+                                              HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
+    if not (HAS_WINDOW and ONE_LOOP):
+        acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, full_lo, full_hi, pos, offs_n, N_K,
+                                    shift, WINDOW, SINK_TOKENS, qk_scale, False, CAUSAL, HAS_WINDOW,
+                                    HAS_SINK_TOKENS, BLOCK_N, HEAD_DIM_PAD)
     if not HAS_WINDOW:                           # the diagonal band, or the last partial block
         acc, m_i, l_i = _tma_blocks(acc, m_i, l_i, q, desc_k, desc_v, b, kv_h, full_hi, hi, pos, offs_n, N_K,
                                     shift, WINDOW, SINK_TOKENS, qk_scale, True, CAUSAL, HAS_WINDOW,
@@ -252,15 +268,23 @@ def tma_ready(x: torch.Tensor) -> torch.Tensor:
     return x if tma_compatible(x) else x.clone(memory_format=torch.contiguous_format)
 
 
+def one_loop(window: int | None) -> bool:
+    """Whether a window is short enough (``ONE_LOOP_WINDOW`` keys or fewer) for its key blocks to be
+    taken in one masked loop."""
+    return window is not None and 0 < window <= ONE_LOOP_WINDOW
+
+
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
                     sinks: torch.Tensor | None = None, sm_scale: float | None = None,
-                    block_m: int | None = None, block_n: int | None = None, pack_gqa: bool = True):
+                    block_m: int | None = None, block_n: int | None = None, pack_gqa: bool = True,
+                    one_loop_window: int | None = None):
     """Stage 8's forward through TMA descriptors; returns ``(o, lse)``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 and D a power of two from 16 to
     256; any Nq, Nk >= 1.  float16/float32 (and bfloat16 on a GPU).  ``causal``, ``window``,
     ``sink_tokens``, ``sinks`` and ``sm_scale`` as in stage 8; ``block_m``/``block_n`` fix the
-    tile; ``pack_gqa=False`` gives each query head its own programs (see kernels.tuning.gqa_pack).
+    tile; ``pack_gqa=False`` gives each query head its own programs (see kernels.tuning.gqa_pack);
+    ``one_loop_window`` replaces ``ONE_LOOP_WINDOW`` for this call (0: never one loop).
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                                       sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
@@ -269,6 +293,10 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
                          f"no padding columns); stage 8's flash_attention pads the others")
     if not isinstance(pack_gqa, bool):
         raise TypeError(f"pack_gqa must be True or False, got {pack_gqa!r}")
+    if one_loop_window is not None and (isinstance(one_loop_window, bool) or not isinstance(one_loop_window, int)
+                                        or one_loop_window < 0):
+        raise ValueError(f"one_loop_window must be a non-negative int or None, got {one_loop_window!r}")
+    single = one_loop(window) if one_loop_window is None else (window is not None and window <= one_loop_window)
     runtime.check_dtype(q.dtype)
     block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
@@ -294,5 +322,5 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
                  *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], B, Hq, Hq // Hkv, Nq, Nk,
                  window if window is not None else 0, sink_tokens if has_sink_tokens else 0, scale * LOG2E,
                  CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINK_TOKENS=has_sink_tokens,
-                 HAS_SINKS=sinks is not None, PACK=pack, HEAD_DIM_PAD=D, **tile)
+                 HAS_SINKS=sinks is not None, PACK=pack, HEAD_DIM_PAD=D, ONE_LOOP=single, **tile)
     return o, lse

@@ -999,6 +999,24 @@ def test_section_19_table_is_the_committed_probe_and_its_tile_is_planned():
         times = {t: v for (run, c, p, t), v in ms.items() if run == "all tiles" and c == case and p == "tma tile"}
         tall = [v / min(times.values()) for t, v in times.items() if int(t.split("/")[0]) > 128]
         assert f"{min(tall):.2f}" == f"{worst:.2f}", window
+    # The fourth run: one masked loop against two, and the rule ONE_LOOP_WINDOW draws from it.
+    loops = _probe("window_forward_tiles").one_loop_summary([r for r in doc["rows"] if r["run"] == "one loop"])
+    assert len(loops) == 2 + 12 and all(line in section for line in loops)
+    speed = {(case, tile): ms["one loop", case, "tma tile, two loops", tile] / v
+             for (run, case, p, tile), v in ms.items() if run == "one loop" and p == "tma tile, one loop"}
+    assert tma.ONE_LOOP_WINDOW == 128 and tma.one_loop(128) and not tma.one_loop(129) and not tma.one_loop(None)
+    assert all(s < 1 for (case, _), s in speed.items() if "W1024" in case)
+    assert all(s > 1 for (case, tile), s in speed.items() if "W128" in case and tile == "128/32/4w/3s")
+    w128 = [v for (case, tile), v in speed.items() if "W128" in case and tile.startswith("128/")]
+    assert f"ran {min(w128):.2f}-{max(w128):.2f}x as fast with the 128-row tiles" in flat
+    w1024 = [v for (case, _), v in speed.items() if "W1024" in case]
+    assert f"one loop ran at {min(w1024):.2f}-{max(w1024):.2f}x the two loops' speed" in flat
+    tuned, flex128, tuned_sinks, flex_sinks = (ms["one loop", f"B4 Hq32/Hkv8 N8192 D64 W128{s}", p, tile]
+                                               for s in ("", " sinks")
+                                               for p, tile in (("tma autotuned", "128/32/4w/3s"), ("flex", "")))
+    sinks = flex_sinks / tuned_sinks
+    assert (f"took {tuned:.3f} ms against FlexAttention's {flex128:.3f}, {flex128 / tuned:.2f}x, and {sinks:.2f}x "
+            f"with learned sinks") in flat
     flex = ms["all tiles", "B4 Hq32/Hkv8 N8192 D64 W1024", "flex", ""]
     flops = 4 * 4 * 32 * 64 * sum(min(i + 1, 1024) for i in range(8192))
     bench = {(r["case"], r["provider"]): r["tflops"] for r in

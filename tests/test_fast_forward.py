@@ -71,6 +71,20 @@ def test_matches_the_float64_reference(fast, b, hq, hkv, nq, nk, d, mask, pack_g
     _check(o, lse, q, k, v, **mask)
 
 
+WINDOWED = [case for case in CASES if case[-1].get("window")]
+
+
+@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, mask", WINDOWED)
+@pytest.mark.parametrize("most", [0, 1 << 20])
+def test_a_windows_blocks_in_one_masked_loop_or_in_two(fast, b, hq, hkv, nq, nk, d, mask, most):
+    """Every window above, its blocks taken in two loops (``one_loop_window=0``) and in one masked loop
+    (every window at most ``1 << 20``), whichever ``ONE_LOOP_WINDOW`` would pick."""
+    assert fast.one_loop(mask["window"]) == (mask["window"] <= fast.ONE_LOOP_WINDOW)
+    q, k, v = _inputs(b, hq, hkv, nq, nk, d, torch.float32, seed=2)
+    o, lse = fast.flash_attention(q, k, v, one_loop_window=most, **mask)
+    _check(o, lse, q, k, v, **mask)
+
+
 def test_rows_that_see_nothing_give_zero_and_minus_infinity(fast):
     q, k, v = _inputs(1, 2, 2, 50, 20, 16, torch.float32)
     o, lse = fast.flash_attention(q, k, v, causal=True)
@@ -103,6 +117,8 @@ def test_strides_a_descriptor_cannot_take_are_copied_first(fast):
     (dict(sm_scale=-1.0), ValueError, ["sm_scale"]),
     (dict(block_m=24), ValueError, ["block_m"]),
     (dict(pack_gqa=1), TypeError, ["pack_gqa"]),
+    (dict(one_loop_window=-1), ValueError, ["one_loop_window"]),
+    (dict(one_loop_window=True), ValueError, ["one_loop_window"]),
     (dict(sinks=torch.zeros(3)), ValueError, ["sinks"]),
 ])
 def test_bad_input_names_the_argument(fast, kwargs, error, words):

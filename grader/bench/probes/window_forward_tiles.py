@@ -29,6 +29,8 @@ TILES = [(128, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (64
 #: --narrow: the narrow key blocks that won at window 128 in the first run, and their neighbours
 NARROW = [(128, 32, 4, 3), (128, 32, 4, 2), (128, 32, 4, 4), (128, 32, 8, 3), (128, 16, 4, 3), (128, 16, 4, 4),
           (64, 16, 4, 3), (64, 32, 4, 3), (64, 32, 4, 4), (256, 16, 8, 3), (256, 32, 8, 4)]
+#: --one-loop: tiles timed with a window's blocks in one masked loop against two loops
+ONE_LOOP = [(128, 32, 4, 3), (64, 32, 4, 3), (128, 64, 4, 3)]
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -36,7 +38,7 @@ def summary(rows: list[dict]) -> list[str]:
     ratios (rows without a ``run`` are one run)."""
     lines = ["| run | case | FlexAttention ms | TMA, autotuned ms (tile) | TMA, fastest tile ms (tile) | "
              "autotuned vs flex | fastest vs flex |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for run, case in dict.fromkeys((r.get("run", "-"), r["case"]) for r in rows):
+    for run, case in dict.fromkeys((r.get("run", "-"), r["case"]) for r in rows if r["provider"] == "tma tile"):
         of = [r for r in rows if (r.get("run", "-"), r["case"]) == (run, case) and r.get("ms")]
         flex = next((r["ms"] for r in of if r["provider"] == "flex"), None)
         tuned = next(r for r in of if r["provider"] == "tma autotuned")
@@ -47,14 +49,30 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def one_loop_summary(rows: list[dict]) -> list[str]:
+    """Per case and tile of the --one-loop run: the forward with a window's blocks in two loops and
+    in one masked loop, and the one loop's speed against the two."""
+    lines = ["| case | tile | two loops ms | one loop ms | one loop's speed |", "| --- | --- | --- | --- | --- |"]
+    ms = {(r["case"], r["tile"], r["provider"]): r["ms"] for r in rows if r.get("ms")}
+    for case, tile in dict.fromkeys((c, t) for c, t, p in ms if p == "tma tile, one loop"):
+        two, one = ms[case, tile, "tma tile, two loops"], ms[case, tile, "tma tile, one loop"]
+        lines.append(f"| {case} | {tile} | {two:.4f} | {one:.4f} | {two / one:.2f}x |")
+    return lines
+
+
 def main():
     from triton.testing import do_bench
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "window-forward-tiles.json"))
     parser.add_argument("--narrow", action="store_true", help="time NARROW at window 128 only")
+    parser.add_argument("--one-loop", action="store_true",
+                        help="time ONE_LOOP's tiles with a window's blocks in one masked loop and in two")
     args = parser.parse_args()
     tiles, windows = (NARROW, (128,)) if args.narrow else (TILES, (128, 1024))
     run = "narrow" if args.narrow else "all tiles"
+    loops = [None]                                                 # the forward's own rule
+    if args.one_loop:
+        tiles, run, loops = ONE_LOOP, "one loop", [0, "window"]     # two loops; one loop
     tma = load_file(ROOT / "solutions" / "fast_forward_tma.py")
     sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
     from test_fast_forward import _check
@@ -97,8 +115,11 @@ def main():
             record("tma autotuned", tma.flash_attention, tile)
             for bm, bn, warps, stages in tiles:
                 tma.TMA_TILES = {64: [(bm, bn, warps, stages)]}         # the fixed tile's warps and stages
-                record("tma tile", lambda *a, bm=bm, bn=bn, **o: tma.flash_attention(*a, **o, block_m=bm, block_n=bn),
-                       f"{bm}/{bn}/{warps}w/{stages}s")
+                for loop in loops:
+                    most = window if loop == "window" else loop
+                    name = "tma tile" if loop is None else f"tma tile, {'one loop' if most else 'two loops'}"
+                    record(name, lambda *a, bm=bm, bn=bn, most=most, **o: tma.flash_attention(
+                        *a, **o, block_m=bm, block_n=bn, one_loop_window=most), f"{bm}/{bn}/{warps}w/{stages}s")
             tma.TMA_TILES = table
             try:
                 flex = Flex()
@@ -113,7 +134,7 @@ def main():
             except Exception as err:                          # noqa: BLE001
                 rows.append(dict(run=run, case=case, provider="flex", tile="", error=str(err)[:300]))
             save_rows(args.json, rows)
-    print("\n".join(summary(rows)))
+    print("\n".join(one_loop_summary(rows) if args.one_loop else summary(rows)))
     return 0
 
 
