@@ -268,10 +268,10 @@ def tma_ready(x: torch.Tensor) -> torch.Tensor:
     return x if tma_compatible(x) else x.clone(memory_format=torch.contiguous_format)
 
 
-def one_loop(window: int | None) -> bool:
-    """Whether a window is short enough (``ONE_LOOP_WINDOW`` keys or fewer) for its key blocks to be
-    taken in one masked loop."""
-    return window is not None and 0 < window <= ONE_LOOP_WINDOW
+def one_loop(window: int | None, most: int | None = None) -> bool:
+    """Whether a window (None or 0: none) is short enough, ``most`` keys or fewer (default
+    ``ONE_LOOP_WINDOW``), for its key blocks to be taken in one masked loop."""
+    return window is not None and 0 < window <= (ONE_LOOP_WINDOW if most is None else most)
 
 
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
@@ -296,7 +296,6 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
     if one_loop_window is not None and (isinstance(one_loop_window, bool) or not isinstance(one_loop_window, int)
                                         or one_loop_window < 0):
         raise ValueError(f"one_loop_window must be a non-negative int or None, got {one_loop_window!r}")
-    single = one_loop(window) if one_loop_window is None else (window is not None and window <= one_loop_window)
     runtime.check_dtype(q.dtype)
     block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
@@ -322,5 +321,6 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
                  *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], B, Hq, Hq // Hkv, Nq, Nk,
                  window if window is not None else 0, sink_tokens if has_sink_tokens else 0, scale * LOG2E,
                  CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINK_TOKENS=has_sink_tokens,
-                 HAS_SINKS=sinks is not None, PACK=pack, HEAD_DIM_PAD=D, ONE_LOOP=single, **tile)
+                 HAS_SINKS=sinks is not None, PACK=pack, HEAD_DIM_PAD=D,
+                 ONE_LOOP=one_loop(window, one_loop_window), **tile)
     return o, lse

@@ -80,6 +80,7 @@ def test_a_windows_blocks_in_one_masked_loop_or_in_two(fast, b, hq, hkv, nq, nk,
     """Every window above, its blocks taken in two loops (``one_loop_window=0``) and in one masked loop
     (every window at most ``1 << 20``), whichever ``ONE_LOOP_WINDOW`` would pick."""
     assert fast.one_loop(mask["window"]) == (mask["window"] <= fast.ONE_LOOP_WINDOW)
+    assert fast.one_loop(mask["window"], most) == (mask["window"] <= most) and not fast.one_loop(0, most)
     q, k, v = _inputs(b, hq, hkv, nq, nk, d, torch.float32, seed=2)
     o, lse = fast.flash_attention(q, k, v, one_loop_window=most, **mask)
     _check(o, lse, q, k, v, **mask)

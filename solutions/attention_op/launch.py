@@ -183,7 +183,7 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
             *q_strides[:3], *k_strides[:3], *_bhnd(v, bnhd)[1][:3], *_bhnd(o, bnhd)[1][:3],
             b, hq, hq // hkv, nq, nk, window, sink_tokens, scale * s9.LOG2E,
             CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SINK_TOKENS=sink_tokens > 0, HAS_SINKS=sinks is not None,
-            PACK=pack, HEAD_DIM_PAD=d, ONE_LOOP=tma_forward.one_loop(window if window > 0 else None), **tile)
+            PACK=pack, HEAD_DIM_PAD=d, ONE_LOOP=tma_forward.one_loop(window), **tile)
         return o, lse
     launch(s9.flash_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, o, lse, sinks if sinks is not None else lse, lse,          # lse stands in for unused pointers
