@@ -154,6 +154,18 @@ def test_whole_tables_are_compiled_for_the_target_of_each_table(matrix):
                 assert compiled >= set(entries), (kernel, target, d, set(entries) - compiled)
 
 
+def test_every_test_that_reads_the_matrix_is_marked_for_its_job():
+    """CI's compile-matrix job selects ``-m compile_matrix``: a test reading the matrix without the
+    mark would never see the whole matrix."""
+    import inspect
+    reading = [f for name, f in globals().items() if name.startswith("test_") and callable(f)
+               and "matrix" in inspect.signature(f).parameters]
+    assert len(reading) == 5
+    unmarked = [f.__name__ for f in reading
+                if not any(m.name == "compile_matrix" for m in getattr(f, "pytestmark", []))]
+    assert not unmarked, unmarked
+
+
 def test_every_budget_has_a_row_for_every_head_dim():
     """Each budget's table covers the head dims the largest does, with well-formed tiles, down to a T4's 64 KB."""
     stage9 = load_stage("stage9", "solutions") if (ROOT / "solutions").is_dir() else None
