@@ -494,6 +494,39 @@ cudaError_t launch(const Params& p, int batch_heads, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// dQ from the float32 buffer in fragment order (BWD_DQ_TMA 2) into rows of dq, scaled and cast: a
+// block a 64-row tile of one (batch, head).  Its 64 x D floats are read in order (16 bytes a
+// thread, a warp's 512 bytes in a row), each float4 being two rows' pair of columns, written into
+// a shared tile of rows (padded by 16 bytes, so that a warp's eight rows fall in different banks),
+// and the tile leaves in 16-byte pieces of rows.  This is fast_backward_wgmma.py's
+// rows_of_fragments, which the CPU tests hold to the writer's order, done in one pass over dQ.
+template <int D, typename T>
+__global__ void __launch_bounds__(256) rows_kernel(const float* __restrict__ frag, T* dq, int64_t sb, int64_t sh,
+                                                   int64_t sn, int heads, int tiles, float scale) {
+    constexpr int PITCH = D + 8;                          // elements a shared row
+    __shared__ __align__(16) T tile[64 * PITCH];
+    const int64_t at = blockIdx.x;                        // ((batch x heads) + head) x tiles + tile
+    const float4* src = reinterpret_cast<const float4*>(frag + at * 64 * D);
+    #pragma unroll 4
+    for (int f = threadIdx.x; f < 16 * D; f += 256) {
+        // f = (((w D / 16 + j) 4 + warp) 8 + g) 4 + t; its floats are (i, e) = (0, 0), (0, 1), (1, 0), (1, 1):
+        // row 16 warp + 8 i + g, column w D / 2 + 8 j + 2 t + e.
+        const float4 x = src[f];
+        const int t = f % 4, g = (f / 4) % 8, warp = (f / 32) % 4, wj = f / 128;
+        const int row = 16 * warp + g, col = (wj / (D / 16)) * (D / 2) + 8 * (wj % (D / 16)) + 2 * t;
+        *reinterpret_cast<uint32_t*>(&tile[row * PITCH + col]) = pack<T>(x.x * scale, x.y * scale);
+        *reinterpret_cast<uint32_t*>(&tile[(row + 8) * PITCH + col]) = pack<T>(x.z * scale, x.w * scale);
+    }
+    __syncthreads();
+    const int64_t bh = at / tiles, m = (at % tiles) * 64;
+    T* out = dq + (bh / heads) * sb + (bh % heads) * sh + m * sn;
+    #pragma unroll 4
+    for (int c = threadIdx.x; c < 64 * D / 8; c += 256) {
+        const int row = c / (D / 8), piece = c % (D / 8);
+        *reinterpret_cast<uint4*>(out + row * sn + 8 * piece) = *reinterpret_cast<const uint4*>(&tile[row * PITCH + 8 * piece]);
+    }
+}
+
 }  // namespace bwdw
 
 extern "C" {
@@ -553,6 +586,28 @@ int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, 
     const int bkv = batch * heads_kv;                 // a block per (key block, batch, K/V head)
     if (dtype == 0) return causal ? bwdw::launch<__half, true>(p, bkv, s) : bwdw::launch<__half, false>(p, bkv, s);
     return causal ? bwdw::launch<__nv_bfloat16, true>(p, bkv, s) : bwdw::launch<__nv_bfloat16, false>(p, bkv, s);
+}
+
+// dq (B, H, N, D) of dtype (0 float16, 1 bfloat16) through its (batch, head, row) strides in st
+// (elements; the head-dim stride 1, the others multiples of 8, dq 16-byte aligned) from bwdw_backward's
+// float32 dQ in fragment order (BWD_DQ_TMA 2), times sm_scale.  N a multiple of 64.
+int bwdw_rows(const float* frag, void* dq, const int64_t* st, int batch, int heads, int n, float sm_scale, int dtype,
+              void* stream) {
+    if (BWD_DQ_TMA != 2) return -7;
+    if (dtype != 0 && dtype != 1) return -2;
+    if (n % 64 || (st[0] | st[1] | st[2]) % 8 || reinterpret_cast<uintptr_t>(dq) % 16) return -8;
+    const int tiles = n / 64;
+    const int64_t blocks = (int64_t)batch * heads * tiles;
+    if (blocks == 0) return 0;
+    if (blocks > 2147483647) return -9;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (dtype == 0)
+        bwdw::rows_kernel<HEAD_DIM, __half><<<(unsigned)blocks, 256, 0, s>>>(frag, static_cast<__half*>(dq), st[0], st[1],
+                                                                             st[2], heads, tiles, sm_scale);
+    else
+        bwdw::rows_kernel<HEAD_DIM, __nv_bfloat16><<<(unsigned)blocks, 256, 0, s>>>(
+            frag, static_cast<__nv_bfloat16*>(dq), st[0], st[1], st[2], heads, tiles, sm_scale);
+    return cudaGetLastError();
 }
 
 }  // extern "C"

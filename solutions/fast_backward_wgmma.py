@@ -13,8 +13,9 @@ only (sm_90a):
   dV, dK (in registers) and dQ (into a float32 buffer that every key block shares).
 * **dQ's additions off the critical path.**  The consumer warpgroups store their dQ fragments
   to shared memory as the registers hold them, and a writer warp has the bulk copy engine add
-  each buffer into global memory.  The buffer then holds dQ in fragment order;
-  ``rows_of_fragments`` puts it back in rows, scaled and cast, into dq's own layout.
+  each buffer into global memory.  The buffer then holds dQ in fragment order; a second small
+  kernel (``rows``; ``rows_of_fragments`` is its plain PyTorch form) puts it back in rows, scaled
+  and cast, into dq's own layout.
 * **Masks as selects.**  Blocks that the causal rule, a window or sink tokens cut are masked
   by bitwise tests and a select, in a loop chosen once per query block.
 * **Longest first.**  A causal grid with few blocks a head launches its longest key blocks first
@@ -58,6 +59,13 @@ LONGEST_FIRST_WAVES = 4
 ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.POINTER(ctypes.c_int64)] + [ctypes.c_int] * 6 + \
     [ctypes.c_float] + [ctypes.c_int] * 5 + [ctypes.c_void_p]
 
+# bwdw_rows(dq32, dq, strides, batch, heads, n, sm_scale, dtype, stream)
+ROWS_ARGTYPES = [ctypes.c_void_p] * 2 + [ctypes.POINTER(ctypes.c_int64)] + [ctypes.c_int] * 3 + \
+    [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
+_ROWS_ERRORS = {-7: "the library was built with dQ left in rows (BWD_DQ_TMA 0 or 1)",
+                -8: "dq's strides must be multiples of 8 elements and its start 16-byte aligned, N a multiple of 64",
+                -9: "more than 2^31 - 1 tiles of 64 rows"}
+
 _built: dict[int, ctypes.CDLL] = {}
 
 
@@ -100,9 +108,12 @@ def _inlined_file() -> Path:
 
 
 def prepare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Declare ``bwdw_backward``'s arguments on a built library (the probe builds its own variants)."""
+    """Declare ``bwdw_backward``'s and ``bwdw_rows``' arguments on a built library (the probe builds
+    its own variants)."""
     lib.bwdw_backward.argtypes = ARGTYPES
     lib.bwdw_backward.restype = ctypes.c_int
+    lib.bwdw_rows.argtypes = ROWS_ARGTYPES
+    lib.bwdw_rows.restype = ctypes.c_int
     lib.stage4w_error_string.restype = ctypes.c_char_p
     config = (ctypes.c_int * 7)()   # HEAD_DIM, keys a block, threads, shared memory, registers x 2, dQ mode
     lib.bwdw_config(config)
@@ -163,6 +174,29 @@ def rows_of_fragments(dq32: torch.Tensor, dq: torch.Tensor, scale: float) -> tor
     return dq
 
 
+def rows_fit(dq: torch.Tensor) -> bool:
+    """Whether ``rows`` can write ``dq`` (B, H, N, D) where it lies: float16 or bfloat16 on a GPU,
+    the head dim contiguous, the other strides multiples of 8 elements, the start on 16 bytes, N a
+    multiple of 64."""
+    return (dq.is_cuda and dq.dtype in (torch.float16, torch.bfloat16) and dq.stride(3) == 1
+            and all(s % 8 == 0 for s in dq.stride()[:3]) and dq.data_ptr() % 16 == 0 and dq.shape[2] % 64 == 0)
+
+
+def rows(lib: ctypes.CDLL, dq32: torch.Tensor, dq: torch.Tensor, scale: float, stream: int) -> torch.Tensor:
+    """``rows_of_fragments`` on the GPU by ``lib``'s own kernel (one read of dq32, one write of dq,
+    the transposition through shared memory) where ``rows_fit(dq)``, else by ``rows_of_fragments``.
+    docs/hopper-notes.md, section 21, times the two."""
+    if not rows_fit(dq):
+        return rows_of_fragments(dq32, dq, scale)
+    B, H, N, _ = dq.shape
+    err = lib.bwdw_rows(dq32.data_ptr(), dq.data_ptr(), (ctypes.c_int64 * 3)(*dq.stride()[:3]), B, H, N,
+                        float(scale), 0 if dq.dtype == torch.float16 else 1, stream)
+    if err:
+        why = _ROWS_ERRORS.get(err) or lib.stage4w_error_string(err).decode()
+        raise RuntimeError(f"the one-pass backward's dQ conversion failed: {why}")
+    return dq
+
+
 def flash_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, window: int | None = None,
                              sink_tokens: int = 0, sinks: torch.Tensor | None = None, sm_scale: float | None = None,
                              order: int | None = None, lib: ctypes.CDLL | None = None):
@@ -204,12 +238,13 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, windo
                *dv.stride()[:3])
     if order is None:
         order = order_for(B, Hkv, Nk, causal, q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
     call(lib, backward_args(q, k, v, do, lse, delta, dq32, dk, dv, strides, (B, Hq, Hkv, Nq, Nk, D), scale, causal,
-                            window, sink_tokens, order), torch.cuda.current_stream(q.device).cuda_stream)
+                            window, sink_tokens, order), stream)
     if lib.config[6] != 2:                                  # the probe's other modes leave dQ in rows
         dq.copy_(dq32 * scale)
     else:
-        rows_of_fragments(dq32, dq, scale)
+        rows(lib, dq32, dq, scale, stream)
     return dq, dk, dv, dsinks
 
 

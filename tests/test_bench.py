@@ -1065,3 +1065,44 @@ def test_section_20_and_the_pages_figures_are_the_committed_training_run_s():
     assert "its compiled step {:.2f}x, {:.2f}x and {:.2f}x FlexAttention's".format(*steps) in follows
     was = [old[s, "flex-compiled"]["step_ms"] / old[s, "workbook-compiled"]["step_ms"] for s in sizes[:2]]
     assert "the op's step was {:.2f}x and {:.2f}x in section 15's run".format(*was) in follows
+
+
+def test_section_21_the_backwards_kernels_are_the_committed_probe():
+    """docs/hopper-notes.md's section 21: each kernel of a one-pass call against cuDNN's, before and
+    after dQ's own conversion kernel, from the committed JSON; the op and the fast path call it."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    section = _section(notes, "## 21.")
+    flat = " ".join(section.split())
+    doc = json.loads((ROOT / "docs" / "hopper-probe-backward-parts-h200.json").read_text())
+    assert _names_its_run(section, doc) and doc["command"] in flat
+    table = _probe("backward_parts").summary([r for r in doc["rows"] if "N4096" in r["case"]])
+    assert len(table) == 2 + 16 and all(line in section for line in table)
+    by: dict = {}
+    for r in doc["rows"]:
+        by.setdefault((r["run"], r["case"]), {})[r["provider"]] = r
+    main = [v["cudnn"]["main_ms"] / v["one-pass"]["main_ms"] for (run, _), v in by.items() if run == "permuted copy"]
+    assert len(main) == 16 and f"ran at {min(main):.2f}-{max(main):.2f}x the speed of cuDNN's main kernel" in flat
+
+    def kernel(run, case, provider, name):
+        found = [ms for k, ms in by[run, case][provider]["kernels"].items() if name in k]
+        assert len(found) == 1, (run, case, provider, name)
+        return found[0]
+    d128, d64 = "B4 H16 N4096 D128", "B4 H16 N4096 D64"
+    twice = [v["one-pass"]["other_ms"] / v["cudnn"]["other_ms"] for (run, c), v in by.items()
+             if run == "permuted copy" and "N4096" in c]
+    assert all(1.9 < x < 2.2 for x in twice) and "the other kernels of a call took twice cuDNN's time" in flat
+    copy = [kernel("permuted copy", c, "one-pass", "elementwise_kernel") for c in (d128, d64)]
+    theirs = [kernel("permuted copy", c, "cudnn", "convert_dq") for c in (d128, d64)]
+    assert f"{copy[0]:.3f} ms at D128 and {copy[1]:.3f} at D64" in flat
+    assert f"conversion of its float32 dQ took {theirs[0]:.3f} and {theirs[1]:.3f}" in flat
+    ours = [kernel("rows kernel", c, "one-pass", "rows_kernel") for c in (d128, d64)]
+    assert f"It took {ours[0]:.3f} ms at D128 and {ours[1]:.3f} at D64" in flat
+    other = by["rows kernel", d128]
+    assert f"({other['one-pass']['other_ms']:.3f} ms against {other['cudnn']['other_ms']:.3f} at D128)" in flat
+    calls = [v["cudnn"]["ms"] / v["one-pass"]["ms"] for (run, c), v in by.items()
+             if run == "rows kernel" and "N4096" in c]
+    assert f"ran {min(calls):.2f}-{max(calls):.2f}x cuDNN's in the second run" in flat
+    moved = [by[run, d64]["one-pass"]["main_ms"] for run in ("permuted copy", "rows kernel")]
+    assert f"moved from {moved[0]:.3f} ms to {moved[1]:.3f}" in flat
+    launch = (ROOT / "solutions" / "attention_op" / "launch.py").read_text()
+    assert "wgmma_backward.rows(" in launch and "rows_of_fragments(" not in launch

@@ -46,15 +46,17 @@ def test_each_variant_compiles_for_hopper(d, config, leave_out, tmp_path):
     warpgroups within the block's allocation (asking for more hangs the GPU)."""
     probe = load_file(PROBE)
     lib = probe.build(d, config, tmp_path, leave_out=leave_out)
-    entries = re.findall(r"Function properties for (\S+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores",
-                         lib.ptxas)
-    ours = [(name, spills) for name, spills in entries if "bwdw" in name]
+    entries = re.findall(r"Function properties for (\S+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores"
+                         r".*\n.*Used (\d+) registers", lib.ptxas)
+    ours = [(name, spills, regs) for name, spills, regs in entries if "backward_kernel" in name]
     assert len(ours) == 4, lib.ptxas[-2000:]          # float16 and bfloat16, dense and causal
-    assert all(spills == "0" for _, spills in ours), ours
+    rows = [name for name, *_ in entries if "rows_kernel" in name]
+    assert len(rows) == 2, lib.ptxas[-2000:]          # dQ back in rows: float16 and bfloat16
+    assert all(spills == "0" for _, spills, _ in entries), entries
     assert "serialized" not in lib.ptxas, lib.ptxas[-2000:]
     assert lib.config[:3] == (d, 128, 384) and lib.config[3] <= 227 * 1024
     assert lib.config[6] == probe.parse_config(config)[1]
-    launched = {int(n) for n in re.findall(r"Used (\d+) registers", lib.ptxas)}
+    launched = {int(regs) for *_, regs in ours}
     assert len(launched) == 1, launched
     assert 128 * lib.config[4] + 256 * lib.config[5] <= launched.pop() * 384, lib.config
 
@@ -77,7 +79,7 @@ def test_no_branch_an_element_while_a_product_is_in_flight(d, tmp_path):
     starts = [(m.start(), m.group(1)) for m in re.finditer(r"\.entry (\S+)\(", text)]
     counted = {}
     for i, (start, name) in enumerate(starts):
-        if "bwdw" not in name:
+        if "backward_kernel" not in name:
             continue
         body = text[start:starts[i + 1][0] if i + 1 < len(starts) else len(text)]
         s_ready = body.index("wgmma.wait_group.sync.aligned 1")
@@ -166,6 +168,30 @@ def test_the_fragment_order_is_put_back_in_rows_of_any_layout(fast, d, layout):
     wrong[[0, 1]] = wrong[[1, 0]]                     # two registers swapped: caught
     out = torch.empty(B, H, N, d)
     assert not torch.equal(fast.rows_of_fragments(wrong.view(B, H, N, d), out, 0.5), rows * 0.5)
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU (H100, H200) and nvcc")
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "padded"])
+def test_gpu_rows_kernel_is_rows_of_fragments(fast, d, layout):
+    """The library's dQ conversion writes exactly what ``rows_of_fragments`` (held to the writer's
+    order above) writes, into dq where it lies; a dq it cannot write (rows 4 elements apart) is
+    written by ``rows_of_fragments`` instead."""
+    B, H, N = 2, 3, 256
+    stored = torch.randn(B, H, N, d, device="cuda")
+    for dtype in (torch.bfloat16, torch.float16):
+        if layout == "bhnd":
+            out = torch.empty(B, H, N, d, device="cuda", dtype=dtype)
+        elif layout == "bnhd":
+            out = torch.empty(B, N, H, d, device="cuda", dtype=dtype).transpose(1, 2)
+        else:
+            out = torch.empty(B, H, N, d + 4, device="cuda", dtype=dtype)[..., :d]
+        want = fast.rows_of_fragments(stored, torch.empty_like(out), 0.125)
+        out.fill_(7)
+        assert fast.rows_fit(out) == (layout != "padded")
+        got = fast.rows(fast.library(d), stored, out, 0.125, torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        assert got is out and torch.equal(out, want), (layout, dtype)
 
 
 def _bf16(*shape):

@@ -265,7 +265,7 @@ def _backward(q, k, v, o, lse, do, sinks, causal: bool, window: int, sink_tokens
 def _wgmma_backward(q, k, v, lse, do, delta, dq, dk, dv, causal, window, sink_tokens, scale, bnhd) -> None:
     """The one-pass wgmma backward (solutions/fast_backward_wgmma.cu) writing dq, dk and dv where
     they lie, from delta of stage 9's preprocess: dQ goes through a float32 buffer in the kernel's
-    fragment order and one elementwise kernel puts it back in dq's rows."""
+    fragment order and the library's second kernel puts it back in dq's rows."""
     (b, hq, nq, d), q_strides = _bhnd(q, bnhd)
     (_, hkv, nk, _), k_strides = _bhnd(k, bnhd)
     strides = (*q_strides[:3], *k_strides[:3], *_bhnd(v, bnhd)[1][:3], *_bhnd(do, bnhd)[1][:3],
@@ -276,8 +276,9 @@ def _wgmma_backward(q, k, v, lse, do, delta, dq, dk, dv, causal, window, sink_to
     lse = wgmma_backward.contiguous_rows(lse)          # held until the kernel is queued
     args = wgmma_backward.backward_args(q, k, v, do, lse, delta, dq32, dk, dv, strides, (b, hq, hkv, nq, nk, d),
                                         scale, causal, window, sink_tokens, order)
-    wgmma_backward.call(lib, args, torch._C._cuda_getCurrentRawStream(q.device.index))
-    wgmma_backward.rows_of_fragments(dq32, dq.transpose(1, 2) if bnhd else dq, scale)
+    stream = torch._C._cuda_getCurrentRawStream(q.device.index)
+    wgmma_backward.call(lib, args, stream)
+    wgmma_backward.rows(lib, dq32, dq.transpose(1, 2) if bnhd else dq, scale, stream)
 
 
 def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sink_tokens, scale, launch, bnhd):
