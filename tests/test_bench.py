@@ -1106,3 +1106,29 @@ def test_section_21_the_backwards_kernels_are_the_committed_probe():
     assert f"moved from {moved[0]:.3f} ms to {moved[1]:.3f}" in flat
     launch = (ROOT / "solutions" / "attention_op" / "launch.py").read_text()
     assert "wgmma_backward.rows(" in launch and "rows_of_fragments(" not in launch
+
+
+def test_section_21_gpt_oss_layer_is_the_committed_rerun():
+    """Section 21's gpt-oss table is the committed rerun's JSON, in section 16's form, and the kernels
+    it names are the ones the run recorded."""
+    section = _section((ROOT / "docs" / "hopper-notes.md").read_text(), "## 21.")
+    flat = " ".join(section.split())
+    doc = json.loads((ROOT / "docs" / "hopper-probe-op-kernels-gptoss-rows-h200.json").read_text())
+    assert _names_its_run(section, doc) and doc["command"] in flat
+    rows: dict = {}
+    for r in doc["rows"]:
+        rows.setdefault(r["case"], {})[r["provider"]] = r
+    vs_cudnn = {}
+    for case, by in rows.items():
+        for p in ("op", "op-bnhd"):
+            r, flex = by[p], by["flex"]
+            cudnn = "–"
+            if "cudnn" in by:
+                vs_cudnn[p] = (by["cudnn"]["fwd_ms"] + by["cudnn"]["bwd_ms"]) / (r["fwd_ms"] + r["bwd_ms"])
+                cudnn = f"{vs_cudnn[p]:.2f}x"
+            line = (f"| {case} | {p} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {cudnn} | "
+                    f"{flex['fwd_ms'] / r['fwd_ms']:.2f}x / {flex['bwd_ms'] / r['bwd_ms']:.2f}x |")
+            assert line in section, line
+            assert ("one-pass backward" in r["note"]) == ("full causal" in case), r["note"]
+    assert vs_cudnn["op"] >= 1.0 and vs_cudnn["op-bnhd"] >= 1.0
+    assert f"{vs_cudnn['op']:.2f}x with `bhnd` tensors and {vs_cudnn['op-bnhd']:.2f}x with `bnhd`" in flat
