@@ -1,4 +1,10 @@
-"""Every stage's deliberately wrong solutions (tests/wrong/stageN.py) must be rejected by its checks."""
+"""Every stage's deliberately wrong solutions (tests/wrong/stageN.py) must be rejected by its checks.
+
+The first of each stage is graded as a learner's file is, in the sandbox.  The rest (``-m slow``)
+test the checks, not the sandbox, so their workers are forked from a process that imported torch
+once (grader/testing/forked.py), without isolation: starting a worker of its own was most of
+their time.
+"""
 
 import importlib.util
 from pathlib import Path
@@ -9,7 +15,8 @@ import pytest
 
 from grader import stages
 from grader.grade import grade_stage
-from grader.testing import mutants
+from grader.isolation import choice
+from grader.testing import forked, mutants
 
 WRONG = Path(__file__).parent / "wrong"
 
@@ -41,8 +48,23 @@ def test_diagnosed_wrong_solutions_name_a_known_cause():
     assert not unknown, f"diagnoses that grader.diagnose.CAUSES does not know: {unknown}"
 
 
+@pytest.fixture
+def workers(request, monkeypatch):
+    """The sandbox for the quick run's wrong solutions; forked workers without one for the rest."""
+    if request.node.get_closest_marker("slow") is None:
+        yield
+        return
+    monkeypatch.setenv(choice.ENV, "none")
+    choice.choose.cache_clear()
+    try:
+        with forked.forked_workers():
+            yield
+    finally:
+        choice.choose.cache_clear()
+
+
 @pytest.mark.parametrize("stage,mutant", list(_mutants()))
-def test_wrong_solution_is_rejected(stage, mutant, tmp_path, monkeypatch):
+def test_wrong_solution_is_rejected(stage, mutant, tmp_path, monkeypatch, workers):
     monkeypatch.setenv("WORKBOOK_STRICT_DIAGNOSIS", "1")     # a diagnosis that fails to compute fails the test
     names = {c.name for c in stage.checks()}
     assert mutant.caught_by and set(mutant.caught_by) <= names, \
