@@ -63,6 +63,9 @@
 #ifndef BWD_LEAVE_OUT                     // a diagnostic, wrong by design: 1 leaves out dQ's additions,
 #define BWD_LEAVE_OUT 0                   // 2 its product too, so that their cost can be timed
 #endif
+#ifndef BWD_BF16_ONLY                     // 1: the bfloat16 kernels only, float16 refused (the compile tests
+#define BWD_BF16_ONLY 0                   // of the probe's variants, whose differences no dtype touches)
+#endif
 
 namespace bwdw {
 using namespace stage4w;
@@ -584,7 +587,11 @@ int bwdw_backward(const void* q, const void* k, const void* v, const void* d_o, 
     cudaError_t zeroed = cudaMemsetAsync(dq, 0, (size_t)batch * heads * n_q * D * sizeof(float), s);
     if (zeroed != cudaSuccess) return zeroed;
     const int bkv = batch * heads_kv;                 // a block per (key block, batch, K/V head)
+#if BWD_BF16_ONLY
+    if (dtype == 0) return -2;
+#else
     if (dtype == 0) return causal ? bwdw::launch<__half, true>(p, bkv, s) : bwdw::launch<__half, false>(p, bkv, s);
+#endif
     return causal ? bwdw::launch<__nv_bfloat16, true>(p, bkv, s) : bwdw::launch<__nv_bfloat16, false>(p, bkv, s);
 }
 
@@ -601,12 +608,17 @@ int bwdw_rows(const float* frag, void* dq, const int64_t* st, int batch, int hea
     if (blocks == 0) return 0;
     if (blocks > 2147483647) return -9;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (dtype == 0)
+    if (dtype == 0) {
+#if BWD_BF16_ONLY
+        return -2;
+#else
         bwdw::rows_kernel<HEAD_DIM, __half><<<(unsigned)blocks, 256, 0, s>>>(frag, static_cast<__half*>(dq), st[0], st[1],
                                                                              st[2], heads, tiles, sm_scale);
-    else
+#endif
+    } else {
         bwdw::rows_kernel<HEAD_DIM, __nv_bfloat16><<<(unsigned)blocks, 256, 0, s>>>(
             frag, static_cast<__nv_bfloat16*>(dq), st[0], st[1], st[2], heads, tiles, sm_scale);
+    }
     return cudaGetLastError();
 }
 

@@ -75,21 +75,23 @@ def head_dims(config: str) -> tuple[int, ...]:
     return (64,) if parse_config(config)[5] else (64, 128)
 
 
-def nvcc_command(d: int, config: str, leave_out: int = 0) -> list[str]:
-    """nvcc's command line for one head dim and configuration, less what it makes and where."""
+def nvcc_command(d: int, config: str, leave_out: int = 0, bf16_only: bool = False) -> list[str]:
+    """nvcc's command line for one head dim and configuration, less what it makes and where
+    (``bf16_only``: without the float16 kernels, for compile tests)."""
     stages, dq_mode, buffers, early, _, prefetch = parse_config(config)      # the order is chosen per call
     return [cuda_build.nvcc(), "-O3", "-std=c++17", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a",
             f"-I{ROOT / 'solutions'}", f"-DHEAD_DIM={d}", f"-DBWD_STAGES={stages}", f"-DBWD_DQ_TMA={dq_mode}",
             f"-DBWD_DQ_BUFFERS={max(buffers, 1)}", f"-DBWD_DQ_EARLY={early}", f"-DBWD_PREFETCH={prefetch}",
-            f"-DBWD_LEAVE_OUT={leave_out}", str(CU_FILE)]
+            f"-DBWD_LEAVE_OUT={leave_out}", f"-DBWD_BF16_ONLY={int(bf16_only)}", str(CU_FILE)]
 
 
-def build(d: int, config: str, folder: Path, leave_out: int = 0) -> ctypes.CDLL:
+def build(d: int, config: str, folder: Path, leave_out: int = 0, bf16_only: bool = False) -> ctypes.CDLL:
     """Compile the kernel for one head dim and configuration (ptxas's report printed); ``leave_out``
-    1 or 2 builds a diagnostic without dQ's additions, or without its product too."""
+    1 or 2 builds a diagnostic without dQ's additions, or without its product too; ``bf16_only``
+    leaves the float16 kernels out (the probe's runs check both dtypes, so they build both)."""
     folder.mkdir(parents=True, exist_ok=True)
-    lib = folder / f"wgmma_backward_d{d}_{config}_l{leave_out}.so"
-    cmd = nvcc_command(d, config, leave_out) + ["-Xptxas", "-v", "--shared", "-Xcompiler", "-fPIC",
+    lib = folder / f"wgmma_backward_d{d}_{config}_l{leave_out}{'_bf16' if bf16_only else ''}.so"
+    cmd = nvcc_command(d, config, leave_out, bf16_only) + ["-Xptxas", "-v", "--shared", "-Xcompiler", "-fPIC",
                                                 "-cudart", "shared", "-o", str(lib)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
