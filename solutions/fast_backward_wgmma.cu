@@ -39,10 +39,11 @@
 // the preprocess's).  Causal grids of few blocks a head can be launched longest first (order 1),
 // so that the longest blocks do not start last.  Q, K, V, dO are read through their strides by
 // tensor maps, and dK, dV written through theirs.  Limits: N a multiple of 128, D 64 or 128.
-// The wgmma and TMA helpers are the forward's (solutions/fast_variable_block_wgmma.cu), included whole.
+// The wgmma and TMA helpers are the forward's (solutions/fast_variable_block_wgmma.cu), included without its kernels.
 
 #include <type_traits>
 
+#define STAGE4W_NO_FORWARD 1               // the forward's helpers, without compiling its kernels too
 #include "fast_variable_block_wgmma.cu"
 
 #ifndef BWD_STAGES

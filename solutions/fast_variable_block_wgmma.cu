@@ -59,6 +59,12 @@
 #ifndef PINGPONG
 #define PINGPONG 0
 #endif
+#ifndef STAGE4W_NO_FORWARD        // 1: the helpers alone, no forward kernel (fast_backward_wgmma.cu includes them)
+#define STAGE4W_NO_FORWARD 0
+#endif
+#ifndef ONLY_MASK                 // -1: every mask's kernels; 0 (none), 1 (causal) or 2 (a window): that one
+#define ONLY_MASK -1              // alone, for compile tests that ask ptxas about one mask's kernels
+#endif
 #ifndef EARLY_RESCALE             // 1: rescale O while S runs, before P V is issued (measured, not planned)
 #define EARLY_RESCALE 0
 #endif
@@ -611,6 +617,7 @@ const char* stage4w_error_string(int code) {
     if (code == -4) return "cuTensorMapEncodeTiled rejected a tensor (strides must be multiples of 16 bytes)";
     if (code == -5) return "heads must be a positive multiple of kv_heads";
     if (code == -6) return "a window needs the causal mask, and window and sink_tokens must be >= 0";
+    if (code == -10) return "this build holds one mask's kernels only (ONLY_MASK), not this call's";
     return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 
@@ -619,6 +626,7 @@ const char* stage4w_error_string(int code) {
 // kv_heads: K/V heads (heads / kv_heads query heads share one); window: a causal sliding window
 // of that many keys (0: none), which keeps the first sink_tokens keys; sinks: one float32 logit
 // a query head, or null.
+#if !STAGE4W_NO_FORWARD
 int stage4w_forward(const void* q, const void* k, const void* v, void* o, float* lse, const int64_t* st,
                     int batch, int heads, int kv_heads, int n_q, int n_k, int head_dim, float sm_scale, int dtype,
                     int causal, int window, int sink_tokens, const float* sinks, void* stream) {
@@ -640,12 +648,22 @@ int stage4w_forward(const void* q, const void* k, const void* v, void* o, float*
     p.scale_log2 = sm_scale * 1.4426950408889634f;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int bh = batch * heads;
-    if (dtype == 0)
-        return window > 0 ? stage4w::launch<__half, true, true>(p, bh, s)
-                          : causal ? stage4w::launch<__half, true, false>(p, bh, s) : stage4w::launch<__half, false, false>(p, bh, s);
-    return window > 0 ? stage4w::launch<__nv_bfloat16, true, true>(p, bh, s)
-                      : causal ? stage4w::launch<__nv_bfloat16, true, false>(p, bh, s)
-                               : stage4w::launch<__nv_bfloat16, false, false>(p, bh, s);
+    const int mask = window > 0 ? 2 : causal ? 1 : 0;
+#define STAGE4W_MASK(m, causal_, window_)                                                      \
+    if (mask == m) return dtype == 0 ? stage4w::launch<__half, causal_, window_>(p, bh, s)      \
+                                     : stage4w::launch<__nv_bfloat16, causal_, window_>(p, bh, s);
+#if ONLY_MASK < 0 || ONLY_MASK == 2
+    STAGE4W_MASK(2, true, true)
+#endif
+#if ONLY_MASK < 0 || ONLY_MASK == 1
+    STAGE4W_MASK(1, true, false)
+#endif
+#if ONLY_MASK < 0 || ONLY_MASK == 0
+    STAGE4W_MASK(0, false, false)
+#endif
+#undef STAGE4W_MASK
+    return -10;                                       // a mask this build leaves out (ONLY_MASK)
 }
+#endif  // !STAGE4W_NO_FORWARD
 
 }  // extern "C"

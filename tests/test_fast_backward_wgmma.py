@@ -55,6 +55,7 @@ def test_each_variant_compiles_for_hopper(d, config, leave_out, tmp_path):
     assert all("bfloat16" in name for name, *_ in ours) or dtypes == 2
     rows = [name for name, *_ in entries if "rows_kernel" in name]
     assert len(rows) == dtypes, lib.ptxas[-2000:]              # dQ back in rows
+    assert len(entries) == 3 * dtypes, [name for name, *_ in entries]   # none of the forward's kernels
     assert all(spills == "0" for _, spills, _ in entries), entries
     assert "serialized" not in lib.ptxas, lib.ptxas[-2000:]
     assert lib.config[:3] == (d, 128, 384) and lib.config[3] <= 227 * 1024
