@@ -10,8 +10,10 @@ windows, sink tokens) and differs only where speed and the lesson pull apart:
 * **TMA descriptors in the loops.**  The dK/dV kernel loads a Q and a dO tile for every
   (head, query block) it visits, and the dQ kernel a K and a V tile for every key block: those
   come through descriptors, ``desc_q.load([batch_head, start_m, 0])``, whole tiles moved into
-  shared memory by the copy engine with zeros past the end.  As in the TMA forward, each program
-  makes its descriptors (``tl.make_tensor_descriptor``) from the tensors' own strides.
+  shared memory by the copy engine with zeros past the end.  As in the TMA forward, the
+  descriptors take the tensors' own strides, and are made once on the host (``HOST_DESC``), or
+  by each program (``tl.make_tensor_descriptor``) where the op's kernels run under
+  ``torch.compile``.
 * **The row statistics through descriptors too.**  The dK/dV kernel also needs each query
   block's lse and delta, a few floats per row.  Read with ``tl.load`` they are the one load in
   its loop that Triton's pipeline does not run ahead, so every visit would wait for them; as
@@ -87,6 +89,29 @@ DKDV_INTERPRETER_TILE = (32, 64, 4, 1)
 DQ_INTERPRETER_TILE = (64, 32, 4, 1)
 
 
+def dkdv_descriptors(q, do, lse_rows, delta_rows, shape: tuple, q_strides: tuple, do_strides: tuple,
+                     block_m: int) -> tuple | None:
+    """``(Q's, dO's, lse's, delta's)`` TMA descriptors made on the host for the dK/dV kernel: q and
+    do ``shape`` (B, Hq, Nq, D) with the given strides, lse and delta as (B x Hq, Nq) rows
+    (``_stat_rows``), all in tiles of ``block_m`` positions.  None for an empty tensor."""
+    if 0 in shape:
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    b, h, n, d = shape
+    tiles = [TensorDescriptor(x, [b, h, n, d], list(st), [1, 1, block_m, d]) for x, st in ((q, q_strides),
+                                                                                        (do, do_strides))]
+    return (*tiles, *(TensorDescriptor(x, [b * h, n], [x.stride(0), 1], [1, block_m]) for x in (lse_rows, delta_rows)))
+
+
+def _dkdv_descriptor_tiles(nargs: dict) -> None:
+    """The dK/dV autotuner's hook before each configuration: host-made descriptors take its query block."""
+    if nargs.get("HOST_DESC"):
+        for name in ("Q", "DO"):
+            nargs[name].block_shape = [1, 1, nargs["BLOCK_M"], nargs["HEAD_DIM_PAD"]]
+        for name in ("LSE", "DELTA"):
+            nargs[name].block_shape = [1, nargs["BLOCK_M"]]
+
+
 @triton.jit
 def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, heads, offs_m, offs_n, lo, hi, full_lo,
                full_hi, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,
@@ -122,16 +147,17 @@ def _dkdv_loop(dk, dv, k, v, desc_q, desc_do, desc_lse, desc_delta, b, h0, H_Q, 
 
 
 @tuning.autotune(DKDV_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
-                                  "GROUP"])
+                                  "GROUP"], pre_hook=_dkdv_descriptor_tiles)
 @triton.jit
 def _tma_dkdv_kernel(
     Q, DO, LSE, DELTA, K, V, DK, DV,             # q, do (B, Hq, N_Q, D), k, v, dk, dv (B, Hkv, N_K, D): any strides
+    #                                              (with HOST_DESC, Q, DO, LSE and DELTA are their descriptors)
     stride_qb, stride_qh, stride_qn, stride_dob, stride_doh, stride_don, STAT_STRIDE,   # LSE, DELTA (B*Hq, N_Q)
     stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
     B, H_Q, H_KV, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HOST_DESC: tl.constexpr = False,
 ):
     sm_scale, qk_scale = tl.cast(sm_scale, tl.float32), tl.cast(qk_scale, tl.float32)  # float32 under torch.compile
     pid_n = tl.program_id(0)                     # which block of keys
@@ -148,12 +174,18 @@ def _tma_dkdv_kernel(
                 mask=kv_ok, other=0.0)
     v = tl.load(V + b.to(tl.int64) * stride_vb + kv_h * stride_vh + rows_n * stride_vn + offs_d[None, :],
                 mask=kv_ok, other=0.0)
-    desc_q = tiles_of(Q, B, H_Q, N_Q, stride_qb, stride_qh, stride_qn, BLOCK_M, HEAD_DIM_PAD)
-    desc_do = tiles_of(DO, B, H_Q, N_Q, stride_dob, stride_doh, stride_don, BLOCK_M, HEAD_DIM_PAD)
-    desc_lse = tl.make_tensor_descriptor(LSE, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
-                                         block_shape=[1, BLOCK_M])
-    desc_delta = tl.make_tensor_descriptor(DELTA, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
-                                           block_shape=[1, BLOCK_M])
+    if HOST_DESC:
+        desc_q = Q
+        desc_do = DO
+        desc_lse = LSE
+        desc_delta = DELTA
+    else:
+        desc_q = tiles_of(Q, B, H_Q, N_Q, stride_qb, stride_qh, stride_qn, BLOCK_M, HEAD_DIM_PAD)
+        desc_do = tiles_of(DO, B, H_Q, N_Q, stride_dob, stride_doh, stride_don, BLOCK_M, HEAD_DIM_PAD)
+        desc_lse = tl.make_tensor_descriptor(LSE, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
+                                             block_shape=[1, BLOCK_M])
+        desc_delta = tl.make_tensor_descriptor(DELTA, shape=[B * H_Q, N_Q], strides=[STAT_STRIDE, 1],
+                                               block_shape=[1, BLOCK_M])
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
@@ -202,15 +234,16 @@ def _dq_loop(dq, q, do, lse, delta, pos, desc_k, desc_v, b, kv_h, lo, hi, N_Q, N
 
 
 @tuning.autotune(DQ_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS", "GROUP",
-                                "PACK"])
+                                "PACK"], pre_hook=_forward._descriptor_tiles)
 @triton.jit
 def _tma_dq_kernel(
     K, V, Q, DO, DQ, LSE, DELTA,                 # q, do, dq (B, Hq, N_Q, D), k, v (B, Hkv, N_K, D): any strides
+    #                                              (with HOST_DESC, K and V are their descriptors)
     stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_qb, stride_qh, stride_qn, stride_dob, stride_doh, stride_don, stride_dqb, stride_dqh, stride_dqn,
     B, H_Q, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, sm_scale, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PACK: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, PACK: tl.constexpr, HOST_DESC: tl.constexpr = False,
 ):
     # A program takes PACK query heads of one GQA group at ROWS positions: row r is head
     # h0 + r // ROWS of batch b at position start_m + r % ROWS.
@@ -237,8 +270,12 @@ def _tma_dq_kernel(
     delta = tl.load(DELTA + stats, mask=row_ok, other=0.0)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees nothing: p = 0, not NaN
 
-    desc_k = tiles_of(K, B, H_Q // GROUP, N_K, stride_kb, stride_kh, stride_kn, BLOCK_N, HEAD_DIM_PAD)
-    desc_v = tiles_of(V, B, H_Q // GROUP, N_K, stride_vb, stride_vh, stride_vn, BLOCK_N, HEAD_DIM_PAD)
+    if HOST_DESC:
+        desc_k = K
+        desc_v = V
+    else:
+        desc_k = tiles_of(K, B, H_Q // GROUP, N_K, stride_kb, stride_kh, stride_kn, BLOCK_N, HEAD_DIM_PAD)
+        desc_v = tiles_of(V, B, H_Q // GROUP, N_K, stride_vb, stride_vh, stride_vn, BLOCK_N, HEAD_DIM_PAD)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     sink_hi, lo, full_lo, full_hi, hi = key_blocks_of(start_m, N_Q, N_K, WINDOW, SINK_TOKENS, CAUSAL, HAS_WINDOW,
@@ -271,11 +308,13 @@ def _stat_rows(x: torch.Tensor, rows: int, n: int) -> torch.Tensor:
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, sink_tokens=0, sinks=None,
-                             sm_scale=None, block_m=None, block_n=None):
+                             sm_scale=None, block_m=None, block_n=None, host_descriptors=True):
     """Gradients ``(dq, dk, dv, dsinks)``, as stage 9's ``flash_attention_backward``.
 
     q, o, do: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) float32 from the forward;
-    D a power of two from 16 to 256.  ``block_m``/``block_n`` fix the dQ kernel's tile (for tests).
+    D a power of two from 16 to 256.  ``block_m``/``block_n`` fix the dQ kernel's tile (for tests);
+    ``host_descriptors=False`` has the kernels make their descriptors themselves, as the op's do
+    under ``torch.compile``.
     Extra memory: delta (B, Hq, Nq) float32 and a few floats per query block for dsinks (and, when Nq
     is not a multiple of 4, padded copies of lse and delta: see _stat_rows).
     """
@@ -286,6 +325,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
                          f"no padding columns); stage 9's flash_attention_backward pads the others")
     runtime.check_dtype(q.dtype)
     validate.backward_inputs(q, o, lse, do)
+    if not isinstance(host_descriptors, bool):
+        raise TypeError(f"host_descriptors must be True or False, got {host_descriptors!r}")
     block_m = validate.block_size(block_m, "block_m") if block_m is not None else None
     block_n = validate.block_size(block_n, "block_n") if block_n is not None else None
     group = Hq // Hkv
@@ -307,16 +348,23 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
 
     # 2. dK and dV: one program per (key block, batch x KV head), over the group's query heads.
     lse_rows, delta_rows = (_stat_rows(x, B * Hq, Nq) for x in (lse, delta))    # one row stride for both
-    runtime.tma_scratch()                        # the descriptors the kernels make live in scratch memory
+    runtime.tma_scratch()                        # the descriptors a kernel makes live in scratch memory
     dk, dv = torch.empty_like(k), torch.empty_like(v)                         # k's and v's strides
+    # The autotuners' hooks give host-made descriptors each configuration's tile.
+    made = host_descriptors and dkdv_descriptors(q, do, lse_rows, delta_rows, (B, Hq, Nq, D), q.stride(), do.stride(),
+                                                 dkdv_tile.get("BLOCK_M", 16))
     dkdv_kernel[lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)](
-        q, do, lse_rows, delta_rows, k, v, dk, dv, *q.stride()[:3], *do.stride()[:3], lse_rows.stride(0),
+        *(made[:2] if made else (q, do)), *(made[2:] if made else (lse_rows, delta_rows)), k, v, dk, dv,
+        *q.stride()[:3], *do.stride()[:3], lse_rows.stride(0),
         *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        B, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, **flags, **dkdv_tile)
+        B, Hq, Hkv, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, HOST_DESC=bool(made), **flags, **dkdv_tile)
 
     # 3. dQ: one program per (block of positions, batch x PACK query heads of a group).
     dq = torch.empty_like(q)                                                  # q's strides
+    made = host_descriptors and _forward.kv_descriptors(k, v, (B, Hkv, Nk, D), k.stride(), v.stride(),
+                                                        dq_tile.get("BLOCK_N", 16))
     dq_kernel[lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"] // pack), B * Hq // pack)](
-        k, v, q, do, dq, lse, delta, *k.stride()[:3], *v.stride()[:3], *q.stride()[:3], *do.stride()[:3],
-        *dq.stride()[:3], B, Hq, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, PACK=pack, **flags, **dq_tile)
+        *(made or (k, v)), q, do, dq, lse, delta, *k.stride()[:3], *v.stride()[:3], *q.stride()[:3], *do.stride()[:3],
+        *dq.stride()[:3], B, Hq, group, Nq, Nk, w, s_tok, scale, scale * LOG2E, PACK=pack, HOST_DESC=bool(made),
+        **flags, **dq_tile)
     return dq, dk, dv, dsinks

@@ -8,17 +8,22 @@ learner writes.  This file computes the same attention (causal aligned bottom-ri
 sliding windows, sink tokens, learned sinks; o and lse) and differs only where speed and the
 lesson pull apart:
 
-* **TMA descriptors for K and V.**  Each program describes K and V once
-  (``tl.make_tensor_descriptor``: base, shape (B, H, N, D), strides, tile shape) and then asks
-  for tiles by coordinate, ``desc_k.load([batch, kv_head, start_n, 0])``.  On a Hopper GPU the
-  copy engine (TMA) moves the whole tile into shared memory: no address arithmetic in the
-  kernel's threads, no per-element masks.  Rows past the end of a tensor come back as zeros, so
-  only the masked blocks (the diagonal, the window's edge, the last partial block) have to hide
-  keys past N_k.  The descriptors take the tensors' own strides, so (B, N, H, D) tensors seen as
-  (B, H, N, D) views are read where they lie, without a copy.  They are made in the kernel
-  rather than on the host because ``torch.compile`` hands a kernel inside an op only tensors
-  and numbers correctly (solutions/attention_op runs this kernel), and they cost a little at
-  each program's start, so q and o, read and written once per program, go through pointers.
+* **TMA descriptors for K and V.**  A descriptor says where a tensor lies (base, shape
+  (B, H, N, D), strides, tile shape), and the kernel asks for tiles by coordinate,
+  ``desc_k.load([batch, kv_head, start_n, 0])``.  On a Hopper GPU the copy engine (TMA) moves
+  the whole tile into shared memory: no address arithmetic in the kernel's threads, no
+  per-element masks.  Rows past the end of a tensor come back as zeros, so only the masked
+  blocks (the diagonal, the window's edge, the last partial block) have to hide keys past N_k.
+  The descriptors take the tensors' own strides, so (B, N, H, D) tensors seen as (B, H, N, D)
+  views are read where they lie, without a copy.
+* **Descriptors made once, on the host** (``HOST_DESC``, ``host_descriptors``).  A descriptor
+  made in the kernel (``tl.make_tensor_descriptor``) is written to global memory and fenced by
+  every program before its first load; a short window's program has only a few key blocks to
+  spread that over, and at window 128 it cost a fifth of the forward's time.  So calls made
+  here, and the op's eager calls, pass K's and V's descriptors made on the host
+  (``TensorDescriptor``), once per launch.  Under ``torch.compile`` the op's kernel still makes
+  its own: a host descriptor handed through a ``torch.library`` op gave wrong results there
+  (solutions/attention_op).  q and o, read and written once per program, go through pointers.
 * **Packed GQA heads.**  The query heads of a GQA group read the same keys, and the mask depends
   on the position alone.  So one program takes the whole group (2, 4 or 8 heads) at a quarter
   (half, eighth) of the positions: a 128-row tile is 4 heads x 32 positions.  Its diagonal band
@@ -83,6 +88,26 @@ INTERPRETER_TILE = (32, 32, 4, 1)
 #: The longest window whose blocks the forward takes in one masked loop (``one_loop``): one loop was
 #: faster at window 128 and slower at 1024 (docs/hopper-notes.md, section 19).
 ONE_LOOP_WINDOW = 128
+
+
+def kv_descriptors(k: torch.Tensor, v: torch.Tensor, shape: tuple, k_strides: tuple, v_strides: tuple,
+                   block_n: int) -> tuple | None:
+    """``(K's, V's)`` TMA descriptors made on the host: ``shape`` (B, Hkv, Nk, D) with the given
+    strides (a (B, N, H, D) tensor's in (B, H, N, D) order), tiles of ``block_n`` positions of one
+    head.  None for an empty tensor, which no descriptor can describe: the kernel makes its own."""
+    if 0 in shape:
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    tile = [1, 1, block_n, shape[3]]
+    return (TensorDescriptor(k, list(shape), list(k_strides), tile),
+            TensorDescriptor(v, list(shape), list(v_strides), list(tile)))
+
+
+def _descriptor_tiles(nargs: dict) -> None:
+    """The autotuner's hook before each configuration: host-made descriptors take its key block."""
+    if nargs.get("HOST_DESC"):
+        for name in ("K", "V"):
+            nargs[name].block_shape = [1, 1, nargs["BLOCK_N"], nargs["HEAD_DIM_PAD"]]
 
 
 @triton.jit
@@ -156,10 +181,11 @@ def _tma_window_edges(acc, m_i, l_i, q, desc_k, desc_v, kv_b, kv_h, lo, full_lo,
 
 
 @tuning.autotune(TMA_TILES, key=["N_Q", "N_K", "HEAD_DIM_PAD", "CAUSAL", "HAS_WINDOW", "WINDOW", "SINK_TOKENS",
-                                 "HAS_SINKS", "GROUP", "PACK"])
+                                 "HAS_SINKS", "GROUP", "PACK"], pre_hook=_descriptor_tiles)
 @triton.jit
 def _tma_forward_kernel(
     Q, K, V, O, LSE, SINKS,                      # q, o (B, Hq, N_Q, D) and k, v (B, Hkv, N_K, D) with any strides
+    #                                              (with HOST_DESC, K and V are their descriptors)
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_on,
     B, H_Q, GROUP, N_Q, N_K, WINDOW, SINK_TOKENS, qk_scale,   # GROUP = Hq // Hkv query heads share a K/V head
@@ -167,6 +193,7 @@ def _tma_forward_kernel(
     PACK: tl.constexpr,                          # query heads per program (1, or GROUP: see flash_attention)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     ONE_LOOP: tl.constexpr = False,              # a window's blocks in one masked loop (see one_loop)
+    HOST_DESC: tl.constexpr = False,             # K and V arrive as descriptors made on the host
 ):
     ROWS: tl.constexpr = BLOCK_M // PACK         # query positions per program; BLOCK_M rows = PACK heads x ROWS
     qk_scale = tl.cast(qk_scale, tl.float32)     # float32 under torch.compile too, where a float arrives as float64
@@ -183,9 +210,13 @@ def _tma_forward_kernel(
     head = h0 + rows // ROWS
     offs_n = tl.arange(0, BLOCK_N)
 
-    # K and V as (B, Hkv, N, D) descriptors, made once per program and read in every loop.
-    desc_k = tiles_of(K, B, H_Q // GROUP, N_K, stride_kb, stride_kh, stride_kn, BLOCK_N, HEAD_DIM_PAD)
-    desc_v = tiles_of(V, B, H_Q // GROUP, N_K, stride_vb, stride_vh, stride_vn, BLOCK_N, HEAD_DIM_PAD)
+    # K and V as (B, Hkv, N, D) descriptors, read in every loop: made on the host, or here once per program.
+    if HOST_DESC:
+        desc_k = K
+        desc_v = V
+    else:
+        desc_k = tiles_of(K, B, H_Q // GROUP, N_K, stride_kb, stride_kh, stride_kn, BLOCK_N, HEAD_DIM_PAD)
+        desc_v = tiles_of(V, B, H_Q // GROUP, N_K, stride_vb, stride_vh, stride_vn, BLOCK_N, HEAD_DIM_PAD)
 
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     row_ok = (pos < N_Q)[:, None]
@@ -277,22 +308,25 @@ def one_loop(window: int | None, most: int | None = None) -> bool:
 def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None, sink_tokens: int = 0,
                     sinks: torch.Tensor | None = None, sm_scale: float | None = None,
                     block_m: int | None = None, block_n: int | None = None, pack_gqa: bool = True,
-                    one_loop_window: int | None = None):
+                    one_loop_window: int | None = None, host_descriptors: bool = True):
     """Stage 8's forward through TMA descriptors; returns ``(o, lse)``.
 
     q: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D) with Hq % Hkv == 0 and D a power of two from 16 to
     256; any Nq, Nk >= 1.  float16/float32 (and bfloat16 on a GPU).  ``causal``, ``window``,
     ``sink_tokens``, ``sinks`` and ``sm_scale`` as in stage 8; ``block_m``/``block_n`` fix the
     tile; ``pack_gqa=False`` gives each query head its own programs (see kernels.tuning.gqa_pack);
-    ``one_loop_window`` replaces ``ONE_LOOP_WINDOW`` for this call (0: never one loop).
+    ``one_loop_window`` replaces ``ONE_LOOP_WINDOW`` for this call (0: never one loop);
+    ``host_descriptors=False`` has the kernel make K's and V's descriptors itself, as the op's
+    does under ``torch.compile``.
     """
     B, Hq, Hkv, Nq, Nk, D = validate.attention_inputs(q, k, v, causal=causal, window=window, sink_tokens=sink_tokens,
                                                       sinks=sinks, sm_scale=sm_scale, head_dims=HEAD_DIMS)
     if D & (D - 1):
         raise ValueError(f"head_dim is {D}: the TMA variant takes head dims that are powers of two (a TMA tile has "
                          f"no padding columns); stage 8's flash_attention pads the others")
-    if not isinstance(pack_gqa, bool):
-        raise TypeError(f"pack_gqa must be True or False, got {pack_gqa!r}")
+    for name, flag in (("pack_gqa", pack_gqa), ("host_descriptors", host_descriptors)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     if one_loop_window is not None and (isinstance(one_loop_window, bool) or not isinstance(one_loop_window, int)
                                         or one_loop_window < 0):
         raise ValueError(f"one_loop_window must be a non-negative int or None, got {one_loop_window!r}")
@@ -316,11 +350,13 @@ def flash_attention(q, k, v, *, causal: bool = False, window: int | None = None,
 
     def grid(meta):
         return triton.cdiv(Nq, meta["BLOCK_M"] // pack), B * Hq // pack
-    runtime.tma_scratch()                        # the descriptors the kernel makes live in scratch memory
-    kernel[grid](q, k, v, o, lse, sinks if sinks is not None else lse,
+    # The autotuner's hook gives host-made descriptors each configuration's key block.
+    made = host_descriptors and kv_descriptors(k, v, (B, Hkv, Nk, D), k.stride(), v.stride(), tile.get("BLOCK_N", 16))
+    runtime.tma_scratch()                        # the descriptors a kernel makes live in scratch memory
+    kernel[grid](q, *(made or (k, v)), o, lse, sinks if sinks is not None else lse,
                  *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], B, Hq, Hq // Hkv, Nq, Nk,
                  window if window is not None else 0, sink_tokens if has_sink_tokens else 0, scale * LOG2E,
                  CAUSAL=causal, HAS_WINDOW=window is not None, HAS_SINK_TOKENS=has_sink_tokens,
                  HAS_SINKS=sinks is not None, PACK=pack, HEAD_DIM_PAD=D,
-                 ONE_LOOP=one_loop(window, one_loop_window), **tile)
+                 ONE_LOOP=one_loop(window, one_loop_window), HOST_DESC=bool(made), **tile)
     return o, lse

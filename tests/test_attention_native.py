@@ -76,8 +76,9 @@ def test_a_launch_is_described_argument_by_argument(op):
     record = [(_compiled(SIGNATURE, scratch=128), (3, 2), (q, o, rows, 7, 2**40, 0.125, True, 64, 1))]
     inputs, allocs, launches, outputs = op.native.describe_part(record, [q, None, o, lse], 2, [2, 3])
     assert (inputs, outputs) == (2, [2, 3]) and allocs[0] is o and allocs[1] is lse
-    (function, grid, threads, shared, scratch, args, host_error), = launches
+    (function, grid, threads, shared, scratch, args, host_error, maps), = launches
     assert (function, grid, threads, shared, scratch, host_error) == (0x1234, [3, 2, 1], 128, 1024, 128 * 6, 0)
+    assert maps == []
     n = op.native
     assert args == [(n.BUFFER, 0), (n.BUFFER, 2), (n.BUFFER, 3), (n.INT32, 7), (n.INT64, 2**40),
                     (n.FLOAT32, struct.unpack("<I", struct.pack("<f", 0.125))[0]), (n.INT8, 1)]
@@ -85,6 +86,49 @@ def test_a_launch_is_described_argument_by_argument(op):
     addresses = (n.Pointer(q.data_ptr()), n.Pointer(o.data_ptr()), n.Pointer(rows.data_ptr()))
     record = [(_compiled(SIGNATURE, scratch=128), (3, 2), (*addresses, 7, 2**40, 0.125, True, 64, 1))]
     assert n.describe_part(record, [q, None, o, lse], 2, [2, 3])[2] == launches
+
+
+DESC_SIGNATURE = {"q": "*bf16", "K": "tensordesc<bf16[1, 1, 32, 64]>", "n": "i32", "HOST_DESC": "constexpr"}
+DESC_META = dict(swizzle=3, elem_size=2, elem_type=9, block_size=[1, 1, 32, 64], fp4_padded=False)
+
+
+def _descriptor(op, k, block=(1, 1, 32, 64)):
+    """A host-made descriptor of k (B, H, N, D) as launch.py records it (the CPU interpreter's
+    TensorDescriptor takes any aligned tensor)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return op.native.Descriptor(TensorDescriptor(k, list(k.shape), list(k.stride()), list(block)))
+
+
+def test_a_host_made_descriptor_is_described_as_tritons_launcher_passes_it(op):
+    """Triton's launcher passes a host-made TMA descriptor as the CUtensorMap it makes from the
+    tensor's address (the tile, swizzle and data type the kernel was compiled for), then the
+    shape and the strides; native.cpp makes the map again over the buffer of each call."""
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    n = op.native
+    q = torch.zeros(2, 64)
+    k = torch.zeros(2, 3, 40, 64).transpose(1, 2).contiguous().transpose(1, 2)     # (B, N, H, D) storage
+    record = [(_compiled(DESC_SIGNATURE, tensordesc_meta=[DESC_META]), (5, 6), (q, _descriptor(op, k), 7, True))]
+    inputs, allocs, launches, outputs = n.describe_part(record, [q, k], 2, [])
+    (function, grid, threads, shared, scratch, args, host_error, maps), = launches
+    assert args == [(n.BUFFER, 0), (n.TENSOR_MAP, 0), *((n.INT32, x) for x in (2, 3, 40, 64)),
+                    *((n.INT64, x) for x in k.stride()), (n.INT32, 7)]
+    assert maps == [[1, 3, 2, TMA_DTYPE_DEVICE_TO_HOST[9], 0, 4, 1, 1, 32, 64, 2, 3, 40, 64, *k.stride()]]
+
+
+@pytest.mark.parametrize("case", ["lowered without a descriptor", "no buffer", "fp4", "a tensor for a descriptor"])
+def test_descriptors_that_cannot_be_repeated_are_refused(op, case):
+    q, k = torch.zeros(2, 64), torch.zeros(2, 3, 40, 64)
+    meta, desc = dict(tensordesc_meta=[DESC_META]), _descriptor(op, k)
+    if case == "lowered without a descriptor":                 # passed as a pointer, shape and strides instead
+        meta = dict(tensordesc_meta=None)
+    elif case == "no buffer":
+        desc = _descriptor(op, torch.zeros(2, 3, 40, 64))
+    elif case == "fp4":
+        meta = dict(tensordesc_meta=[dict(DESC_META, fp4_padded=True)])
+    elif case == "a tensor for a descriptor":
+        desc = op.native.Pointer(k.data_ptr())
+    record = [(_compiled(DESC_SIGNATURE, **meta), (1,), (q, desc, 7, True))]
+    assert op.native.describe_part(record, [q, k], 2, []) is None
 
 
 class _HostLib:
@@ -114,7 +158,8 @@ def test_a_wgmma_call_is_described_as_native_cpp_calls_it(op, with_sinks):
     lib = _HostLib()
     call = n.HostCall(lib, _host_args(op, q, k, v, o, lse, sinks if with_sinks else None))
     buffers = [q, k, v, sinks if with_sinks else None, o, lse]
-    (function, grid, threads, shared, scratch, args, host_error), = n.describe_part([call], buffers, 4, [4, 5])[2]
+    (function, grid, threads, shared, scratch, args, host_error, maps), = n.describe_part([call], buffers, 4, [4, 5])[2]
+    assert maps == []
     assert function == ctypes.cast(lib.stage4w_forward, ctypes.c_void_p).value
     assert host_error == ctypes.cast(lib.stage4w_error_string, ctypes.c_void_p).value != 0
     assert (grid, threads, shared, scratch) == ([1, 1, 1], 0, 0, 0)

@@ -80,15 +80,32 @@ def test_rows_that_see_nothing_get_zero_gradients(fast):
     assert torch.all(dq[:, :, :30] == 0) and torch.isfinite(dk).all() and torch.isfinite(dv).all()
 
 
-def test_strided_inputs_and_a_fixed_dq_tile(fast):
+@pytest.mark.parametrize("host", [True, False])     # the descriptors made on the host, or in the kernels
+def test_strided_inputs_and_a_fixed_dq_tile(fast, host):
     q, k, v, do = _inputs(2, 4, 2, 45, 45, 32, torch.float32, seed=1)
     qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))   # (B, N, H, D)
     assert not qt.is_contiguous() and do.is_contiguous()        # dO in the other layout: strides of its own
-    o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3)
-    got = fast.flash_attention_backward(qt, kt, vt, o, lse, do, causal=True, sm_scale=0.3, block_m=16, block_n=16)
+    o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3, host_descriptors=host)
+    got = fast.flash_attention_backward(qt, kt, vt, o, lse, do, causal=True, sm_scale=0.3, block_m=16, block_n=16,
+                                        host_descriptors=host)
     # Read where they lie, the gradients in the inputs' layout: no copy on the way in or out.
     assert [g.stride() for g in got[:3]] == [qt.stride(), kt.stride(), vt.stride()]
     _check_grads(got, q, k, v, do, causal=True, sm_scale=0.3)
+
+
+def test_host_made_descriptors_take_the_query_block_the_autotuner_tries(fast):
+    """The dK/dV autotuner's hook sets each configuration's query block on the four host-made
+    descriptors: q's and dO's tiles and lse's and delta's rows."""
+    q, k, v, do = _inputs(1, 4, 2, 40, 40, 32, torch.float32)
+    lse = torch.zeros(4, 40, device=DEVICE)
+    made = fast.dkdv_descriptors(q, do, lse, lse, tuple(q.shape), q.stride(), do.stride(), 16)
+    assert [d.block_shape for d in made] == [[1, 1, 16, 32], [1, 1, 16, 32], [1, 16], [1, 16]]
+    assert made[2].shape == [4, 40] and made[2].strides == [40, 1]
+    fast._dkdv_descriptor_tiles(dict(Q=made[0], DO=made[1], LSE=made[2], DELTA=made[3], HOST_DESC=True, BLOCK_M=64,
+                                     HEAD_DIM_PAD=32))
+    assert [d.block_shape for d in made] == [[1, 1, 64, 32], [1, 1, 64, 32], [1, 64], [1, 64]]
+    empty = q[:, :, :0]
+    assert fast.dkdv_descriptors(empty, empty, lse, lse, tuple(empty.shape), q.stride(), q.stride(), 16) is None
 
 
 @pytest.mark.parametrize("nq", [48, 45])        # rows of lse that TMA can take as they are, and rows it cannot
@@ -110,6 +127,7 @@ def test_lse_that_starts_off_16_bytes(fast, nq):
     (dict(o="short"), ValueError, ["o must be"]),
     (dict(lse="double"), ValueError, ["lse must be"]),
     (dict(block_m=24), ValueError, ["block_m"]),
+    (dict(host_descriptors="yes"), TypeError, ["host_descriptors"]),
 ])
 def test_bad_input_names_the_argument(fast, kwargs, error, words):
     d, hq = kwargs.pop("d", 16), kwargs.pop("hq", 1)

@@ -94,13 +94,29 @@ def test_rows_that_see_nothing_give_zero_and_minus_infinity(fast):
 
 
 @pytest.mark.parametrize("hq, hkv", [(3, 3), (4, 2)])   # one head a program, and a packed GQA group
-def test_strided_inputs_and_fixed_tiles(fast, hq, hkv):
+@pytest.mark.parametrize("host", [True, False])          # K's and V's descriptors made on the host, or in the kernel
+def test_strided_inputs_and_fixed_tiles(fast, hq, hkv, host):
     q, k, v = _inputs(2, hq, hkv, 45, 45, 32, torch.float32, seed=1)
     qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))   # (B, N, H, D) storage
     assert not qt.is_contiguous() and fast.tma_compatible(qt)
-    o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3, block_m=16, block_n=32)
+    o, lse = fast.flash_attention(qt, kt, vt, causal=True, sm_scale=0.3, block_m=16, block_n=32,
+                                  host_descriptors=host)
     assert o.stride() == qt.stride()            # read where it lies and written in the same layout: no copy
     _check(o, lse, q, k, v, causal=True, sm_scale=0.3)
+
+
+def test_host_made_descriptors_take_the_tile_the_autotuner_tries(fast):
+    """The autotuner's hook sets each configuration's key block on host-made descriptors (their
+    tile must be the kernel's); the kernel's own descriptors need nothing.  An empty tensor gets
+    no host descriptor (none can describe it): the kernel makes its own."""
+    q, k, v = _inputs(1, 4, 2, 40, 40, 32, torch.float32)
+    k_desc, v_desc = fast.kv_descriptors(k, v, tuple(k.shape), k.stride(), v.stride(), 16)
+    assert k_desc.base is k and v_desc.base is v and k_desc.block_shape == [1, 1, 16, 32]
+    fast._descriptor_tiles(dict(K=k_desc, V=v_desc, HOST_DESC=True, BLOCK_N=64, HEAD_DIM_PAD=32))
+    assert k_desc.block_shape == v_desc.block_shape == [1, 1, 64, 32]
+    fast._descriptor_tiles(dict(K=k, V=v, HOST_DESC=False, BLOCK_N=64, HEAD_DIM_PAD=32))      # tensors: untouched
+    empty = k[:, :, :0]
+    assert fast.kv_descriptors(empty, empty, tuple(empty.shape), empty.stride(), empty.stride(), 16) is None
 
 
 def test_strides_a_descriptor_cannot_take_are_copied_first(fast):
@@ -118,6 +134,7 @@ def test_strides_a_descriptor_cannot_take_are_copied_first(fast):
     (dict(sm_scale=-1.0), ValueError, ["sm_scale"]),
     (dict(block_m=24), ValueError, ["block_m"]),
     (dict(pack_gqa=1), TypeError, ["pack_gqa"]),
+    (dict(host_descriptors=1), TypeError, ["host_descriptors"]),
     (dict(one_loop_window=-1), ValueError, ["one_loop_window"]),
     (dict(one_loop_window=True), ValueError, ["one_loop_window"]),
     (dict(sinks=torch.zeros(3)), ValueError, ["sinks"]),

@@ -18,7 +18,7 @@ import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
 
 from . import plans
-from .native import NOT_REPLAYED, HostCall, Pointer
+from .native import NOT_REPLAYED, Descriptor, HostCall, Pointer
 from .plans import _bhnd, _cdiv, _plan_for, _pow2, s9, tma_backward, tma_forward, tma_strides, wgmma, wgmma_backward
 
 # =============================================================================================
@@ -96,9 +96,25 @@ class _Launch:
                 tail = tuple(meta[p.name] if p.name in meta else p.default for p in params)
                 _compiled[(id(kernel), key)] = (compiled, torch.cuda.current_device(), tail)
             if self.record is not None:                 # addresses, not tensors: no reference cycle through o
-                self.record.append((compiled, grid, tuple(Pointer(a.data_ptr()) if isinstance(a, torch.Tensor)
-                                                          else a for a in (*args, *tail))))
+                self.record.append((compiled, grid, tuple(_recorded(a) for a in (*args, *tail))))
         return run
+
+
+def _recorded(arg):
+    """A launch argument as native.py is given it: a tensor as its address, a host-made descriptor
+    as what it describes (a ``native.Descriptor``), anything else as it is."""
+    if isinstance(arg, torch.Tensor):
+        return Pointer(arg.data_ptr())
+    if hasattr(arg, "block_shape") and hasattr(arg, "base"):          # triton.tools' TensorDescriptor
+        return Descriptor(arg)
+    return arg
+
+
+def _host_descriptors(launch) -> bool:
+    """Whether a launch may take TMA descriptors made on the host: an eager one (the kernel itself
+    or :class:`_Launch`).  Inside the ops ``launch`` is ``wrap_triton``, and a host descriptor
+    handed through it gave wrong results under ``torch.compile``: there the kernels make their own."""
+    return launch is _direct or isinstance(launch, _Launch)
 
 
 def _launcher(key: tuple, record: list | None = None):
@@ -175,15 +191,18 @@ def _forward(q, k, v, sinks, causal: bool, window: int, sink_tokens: int, scale:
     tile = plan["forward"]
     o, lse = _forward_outputs(q, bnhd)
     if tma:
-        runtime.tma_scratch()                               # the descriptors the kernel makes live there
+        runtime.tma_scratch()                               # the descriptors a kernel makes live there
         pack = tuning.gqa_pack(hq // hkv)
         sink_tokens = sink_tokens if window > 0 else 0      # without a window every earlier key is seen
+        v_strides = _bhnd(v, bnhd)[1]
+        made = _host_descriptors(launch) and tma_forward.kv_descriptors(k, v, (b, hkv, nk, d), k_strides, v_strides,
+                                                                        tile["BLOCK_N"])
         launch(tma_forward._tma_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
-            q, k, v, o, lse, sinks if sinks is not None else lse,
-            *q_strides[:3], *k_strides[:3], *_bhnd(v, bnhd)[1][:3], *_bhnd(o, bnhd)[1][:3],
+            q, *(made or (k, v)), o, lse, sinks if sinks is not None else lse,
+            *q_strides[:3], *k_strides[:3], *v_strides[:3], *_bhnd(o, bnhd)[1][:3],
             b, hq, hq // hkv, nq, nk, window, sink_tokens, scale * s9.LOG2E,
             CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SINK_TOKENS=sink_tokens > 0, HAS_SINKS=sinks is not None,
-            PACK=pack, HEAD_DIM_PAD=d, ONE_LOOP=tma_forward.one_loop(window), **tile)
+            PACK=pack, HEAD_DIM_PAD=d, ONE_LOOP=tma_forward.one_loop(window), HOST_DESC=bool(made), **tile)
         return o, lse
     launch(s9.flash_forward_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"]), b * hq)](
         q, k, v, o, lse, sinks if sinks is not None else lse, lse,          # lse stands in for unused pointers
@@ -295,12 +314,19 @@ def _tma_backward(q, k, v, do, lse, delta, dq, dk, dv, plan, causal, window, sin
     # the TMA backward's _stat_rows copies them into padded rows when Nq is not a multiple of 4 or
     # a caller's lse starts elsewhere.
     lse_rows, delta_rows = (tma_backward._stat_rows(x, b * hq, nq) for x in (lse, delta))
+    host = _host_descriptors(launch)
     tile = plan["dkdv"]
+    made = host and tma_backward.dkdv_descriptors(q, do, lse_rows, delta_rows, (b, hq, nq, d), q_strides + (1,),
+                                                  do_strides + (1,), tile["BLOCK_M"])
     launch(tma_backward._tma_dkdv_kernel.fn)[(_cdiv(nk, tile["BLOCK_N"]), b * hkv)](
-        q, do, lse_rows, delta_rows, k, v, dk, dv, *q_strides, *do_strides, lse_rows.stride(-2),
+        *(made or (q, do, lse_rows, delta_rows)), k, v, dk, dv, *q_strides, *do_strides, lse_rows.stride(-2),
         *k_strides, *v_strides, *_bhnd(dk, bnhd)[1][:3], *_bhnd(dv, bnhd)[1][:3],
-        b, hq, hkv, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, **flags, **tile)
+        b, hq, hkv, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, HOST_DESC=bool(made), **flags,
+        **tile)
     tile = plan["dq"]
+    made = host and tma_forward.kv_descriptors(k, v, (b, hkv, nk, d), k_strides + (1,), v_strides + (1,),
+                                               tile["BLOCK_N"])
     launch(tma_backward._tma_dq_kernel.fn)[(_cdiv(nq, tile["BLOCK_M"] // pack), b * hq // pack)](
-        k, v, q, do, dq, lse, delta, *k_strides, *v_strides, *q_strides, *do_strides, *_bhnd(dq, bnhd)[1][:3],
-        b, hq, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, PACK=pack, **flags, **tile)
+        *(made or (k, v)), q, do, dq, lse, delta, *k_strides, *v_strides, *q_strides, *do_strides,
+        *_bhnd(dq, bnhd)[1][:3], b, hq, group, nq, nk, window, sink_tokens, scale, scale * s9.LOG2E, PACK=pack,
+        HOST_DESC=bool(made), **flags, **tile)

@@ -13,6 +13,9 @@
 //            allocate (sizes, strides, dtype of what the Python path allocated), and each
 //            kernel launch as Triton made it: the compiled function, grid, threads, shared memory,
 //            global scratch, and every non-constexpr argument as a buffer index or a constant.
+//            A TMA descriptor made on the host is kept as what it describes (a buffer, its shape,
+//            strides and tile, as the kernel was compiled for them) and made again from the
+//            buffer's address at every launch, as Triton's launcher does.
 //            A forward of stage 4's wgmma kernel is a call of its host function instead
 //            (stage4w_forward, which makes the kernel's tensor maps from the buffers' addresses
 //            and launches it), with the same kind of arguments.
@@ -49,16 +52,21 @@ namespace {
 using LaunchKernel = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   unsigned, CUstream, void**, void**);
 using ErrorString = CUresult (*)(CUresult, const char**);
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 // libcuda is loaded by PyTorch already; no link-time dependency on it.
 struct Driver {
     LaunchKernel launch = nullptr;
     ErrorString error_string = nullptr;
+    EncodeTiled encode_tiled = nullptr;
     Driver() {
         void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         TORCH_CHECK(lib != nullptr, "attention_op native path: cannot open libcuda.so.1");
         launch = reinterpret_cast<LaunchKernel>(dlsym(lib, "cuLaunchKernel"));
         error_string = reinterpret_cast<ErrorString>(dlsym(lib, "cuGetErrorString"));
+        encode_tiled = reinterpret_cast<EncodeTiled>(dlsym(lib, "cuTensorMapEncodeTiled"));
         TORCH_CHECK(launch != nullptr, "attention_op native path: libcuda.so.1 has no cuLaunchKernel");
     }
 };
@@ -68,8 +76,25 @@ const Driver& driver() {
     return d;
 }
 
-// One kernel argument: a buffer (its data pointer) or a constant of the kernel parameter's type.
-enum Kind : int64_t { kBuffer = 0, kInt32 = 1, kInt64 = 2, kFloat32 = 3, kInt8 = 4, kNull = 5 };
+// One kernel argument: a buffer (its data pointer), a constant of the kernel parameter's type, or a
+// TMA descriptor (its value an index into the launch's maps).
+enum Kind : int64_t { kBuffer = 0, kInt32 = 1, kInt64 = 2, kFloat32 = 3, kInt8 = 4, kNull = 5, kTensorMap = 6 };
+
+// A TMA descriptor made on the host, as Triton's launcher makes it (fill_tma_descriptor in its
+// driver): buffer, swizzle, element size, the driver's data type, out-of-bounds fill (0: zeros,
+// 1: NaN), rank, then the tile's, the shape's and the strides' rank entries each, outermost
+// first (the strides in elements).
+struct MapSpec {
+    std::vector<int64_t> v;
+    int64_t buffer() const { return v[0]; }
+    int64_t rank() const { return v[5]; }
+    bool valid(int64_t buffers) const {
+        if (v.size() < 6) return false;
+        int64_t r = v[5];
+        return r >= 1 && r <= 5 && static_cast<int64_t>(v.size()) == 6 + 3 * r && v[0] >= 0 && v[0] < buffers &&
+               (v[4] == 0 || v[4] == 1) && v[2] > 0;
+    }
+};
 
 // The wgmma kernel's host function and its error text (solutions/fast_variable_block_wgmma.cu):
 // q, k, v, o, lse, 12 strides, batch, heads, kv_heads, n_q, n_k, head_dim, scale, dtype, causal,
@@ -92,6 +117,7 @@ struct Launch {
     unsigned shared;
     int64_t scratch;   // bytes of global scratch for the whole grid; 0: none
     std::vector<Arg> args;
+    std::vector<MapSpec> maps;   // the host-made TMA descriptors its kTensorMap arguments name
 };
 
 struct Alloc {
@@ -235,6 +261,35 @@ void run_host(const Launch& l, const std::vector<at::Tensor>& buffers, CUstream 
     TORCH_CHECK(err == 0, "attention_op native path: the wgmma forward failed: ", l.host_error(err));
 }
 
+// The descriptor a MapSpec describes, over the buffer's current address.
+void encode(const MapSpec& m, const std::vector<at::Tensor>& buffers, CUtensorMap* out) {
+    const Driver& cu = driver();
+    TORCH_CHECK(cu.encode_tiled != nullptr, "attention_op native path: libcuda.so.1 has no cuTensorMapEncodeTiled");
+    const int64_t rank = m.rank(), elem = m.v[2];
+    const int64_t* tile = m.v.data() + 6;
+    const int64_t* shape = tile + rank;
+    const int64_t* strides = shape + rank;
+    // The driver counts dimensions innermost first, and takes the strides of all but the innermost in bytes.
+    cuuint32_t box[5], element_strides[5] = {1, 1, 1, 1, 1};
+    cuuint64_t dims[5], byte_strides[5] = {0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < rank; ++i) {
+        box[rank - 1 - i] = static_cast<cuuint32_t>(tile[i]);
+        dims[rank - 1 - i] = static_cast<cuuint64_t>(shape[i]);
+    }
+    for (int64_t i = 0; i + 1 < rank; ++i) byte_strides[rank - 2 - i] = static_cast<cuuint64_t>(strides[i] * elem);
+    CUresult r = cu.encode_tiled(out, static_cast<CUtensorMapDataType>(m.v[3]), static_cast<cuuint32_t>(rank),
+                                 buffers[m.buffer()].data_ptr(), dims, byte_strides, box, element_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, static_cast<CUtensorMapSwizzle>(m.v[1]),
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                 m.v[4] == 1 ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
+                                             : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        const char* text = "unknown error";
+        if (cu.error_string) cu.error_string(r, &text);
+        TORCH_CHECK(false, "attention_op native path: making a TMA descriptor failed: ", text);
+    }
+}
+
 // Allocate the part's buffers after the inputs, and launch its kernels on the current stream.
 void run_part(const Part& part, std::vector<at::Tensor>& buffers, const c10::Device& device) {
     TORCH_CHECK(static_cast<int64_t>(buffers.size()) == part.inputs, "attention_op native path: wrong input count");
@@ -251,6 +306,7 @@ void run_part(const Part& part, std::vector<at::Tensor>& buffers, const c10::Dev
     uintptr_t scratch_at = scratch.defined() ? reinterpret_cast<uintptr_t>(scratch.data_ptr()) : 0;
     std::vector<uint64_t> slots;
     std::vector<void*> params;
+    std::vector<CUtensorMap> maps;   // CUtensorMap is 64-byte aligned: so are a vector's elements
     for (const Launch& l : part.launches) {
         if (static_cast<uint64_t>(l.grid[0]) * l.grid[1] * l.grid[2] == 0) continue;   // as Triton's launcher
         if (l.host_error != nullptr) {
@@ -260,6 +316,8 @@ void run_part(const Part& part, std::vector<at::Tensor>& buffers, const c10::Dev
         size_t n = l.args.size();
         slots.assign(n + 2, 0);   // + Triton's global and profile scratch pointers
         params.resize(n + 2);
+        maps.resize(l.maps.size());
+        for (size_t i = 0; i < l.maps.size(); ++i) encode(l.maps[i], buffers, &maps[i]);
         for (size_t i = 0; i < n; ++i) {
             const Arg& a = l.args[i];
             void* slot = &slots[i];
@@ -269,6 +327,7 @@ void run_part(const Part& part, std::vector<at::Tensor>& buffers, const c10::Dev
                 case kInt64: slots[i] = static_cast<uint64_t>(a.value); break;
                 case kFloat32: { uint32_t x = static_cast<uint32_t>(a.value); std::memcpy(slot, &x, 4); break; }
                 case kInt8: { int8_t x = static_cast<int8_t>(a.value); std::memcpy(slot, &x, 1); break; }
+                case kTensorMap: slot = &maps[a.value]; break;   // passed by value: the launch copies it
                 default: TORCH_CHECK(false, "attention_op native path: unknown argument kind ", a.kind);
             }
             params[i] = slot;
@@ -333,10 +392,11 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     }
 };
 
-// (function, grid, threads, shared, scratch, [(kind, value), ...], host_error): host_error 0 for a
-// kernel launch, else the address of the host function's error text, and function the host function.
+// (function, grid, threads, shared, scratch, [(kind, value), ...], host_error, maps): host_error 0
+// for a kernel launch, else the address of the host function's error text, and function the host
+// function; maps the MapSpecs of its kTensorMap arguments.
 using LaunchDesc = std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, int64_t,
-                              std::vector<std::pair<int64_t, int64_t>>, int64_t>;
+                              std::vector<std::pair<int64_t, int64_t>>, int64_t, std::vector<std::vector<int64_t>>>;
 // (inputs, example allocations, launches, outputs)
 using PartDesc = std::tuple<int64_t, std::vector<at::Tensor>, std::vector<LaunchDesc>, std::vector<int64_t>>;
 
@@ -356,9 +416,16 @@ Part make_part(const PartDesc& desc) {
         launch.threads = static_cast<unsigned>(std::get<2>(l));
         launch.shared = static_cast<unsigned>(std::get<3>(l));
         launch.scratch = std::get<4>(l);
+        for (const auto& spec : std::get<7>(l)) {
+            launch.maps.push_back({spec});
+            TORCH_CHECK(launch.maps.back().valid(buffers), "record: a malformed TMA descriptor");
+        }
+        const int64_t maps = static_cast<int64_t>(launch.maps.size());
         for (const auto& [kind, value] : std::get<5>(l)) {
-            TORCH_CHECK(kind >= kBuffer && kind <= kNull, "record: unknown argument kind ", kind);
+            TORCH_CHECK(kind >= kBuffer && kind <= kTensorMap, "record: unknown argument kind ", kind);
             TORCH_CHECK(kind != kBuffer || (value >= 0 && value < buffers), "record: buffer ", value, " out of range");
+            TORCH_CHECK(kind != kTensorMap || (value >= 0 && value < maps), "record: descriptor ", value,
+                        " out of range");
             launch.args.push_back({kind, value});
         }
         launch.host_error = reinterpret_cast<HostError>(static_cast<uintptr_t>(std::get<6>(l)));
@@ -369,7 +436,8 @@ Part make_part(const PartDesc& desc) {
                 int64_t want = i < 5 ? kBuffer : i < 17 ? kInt64 : i == 23 ? kFloat32 : i < 28 ? kInt32 : -1;
                 ok = want == -1 ? (a[i].kind == kBuffer || a[i].kind == kNull) : a[i].kind == want;
             }
-            TORCH_CHECK(ok, "record: a host call takes q, k, v, o, lse, 12 strides, 6 ints, a scale, 4 ints, sinks");
+            TORCH_CHECK(ok && maps == 0,
+                        "record: a host call takes q, k, v, o, lse, 12 strides, 6 ints, a scale, 4 ints, sinks");
         } else {
             for (const Arg& a : launch.args) TORCH_CHECK(a.kind != kNull, "record: a kernel argument cannot be null");
         }
@@ -482,4 +550,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.attr("FLOAT32") = static_cast<int64_t>(kFloat32);
     m.attr("INT8") = static_cast<int64_t>(kInt8);
     m.attr("NULL") = static_cast<int64_t>(kNull);
+    m.attr("TENSOR_MAP") = static_cast<int64_t>(kTensorMap);
 }

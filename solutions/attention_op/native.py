@@ -137,7 +137,7 @@ def clear() -> None:
 # Describing what the Python path launched, in native.cpp's terms.
 # =============================================================================================
 
-BUFFER, INT32, INT64, FLOAT32, INT8, NULL = range(6)    # native.cpp's Kind
+BUFFER, INT32, INT64, FLOAT32, INT8, NULL, TENSOR_MAP = range(7)    # native.cpp's Kind
 _alive: dict[int, object] = {}                      # every compiled kernel a plan launches
 _INTS = {"i32": INT32, "u32": INT32, "i64": INT64, "u64": INT64, "i1": INT8, "u1": INT8, "i8": INT8, "u8": INT8}
 
@@ -152,6 +152,33 @@ NOT_REPLAYED = object()
 
 class Pointer(int):
     """A tensor argument of a recorded launch, as the address Triton passes (launch.py keeps no tensor)."""
+
+
+class Descriptor:
+    """A TMA descriptor argument made on the host (Triton's ``TensorDescriptor``), as launch.py
+    records it: its tensor's address and what it says of it.  native.cpp makes it again over the
+    buffer at that address on every call."""
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, descriptor):
+        self.base = Pointer(descriptor.base.data_ptr())
+        self.shape, self.strides = tuple(descriptor.shape), tuple(descriptor.strides)
+        self.block_shape, self.padding = tuple(descriptor.block_shape), descriptor.padding
+
+
+def _tensor_map(value, meta) -> list | None:
+    """native.cpp's MapSpec of a recorded :class:`Descriptor` (without its buffer), with the tile,
+    swizzle and element type the kernel was compiled for (``meta``, one entry of the compiled
+    kernel's ``tensordesc_meta``), as Triton's launcher passes them; None where the kernel takes
+    the descriptor in another form (no ``meta``: lowered without a TMA descriptor) or as fp4."""
+    if not isinstance(value, Descriptor) or not isinstance(meta, dict) or meta.get("fp4_padded"):
+        return None
+    from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+    rank, tile = len(value.shape), list(meta["block_size"])
+    if len(tile) != rank or len(value.strides) != rank or value.padding not in ("zero", "nan"):
+        return None
+    return [int(meta["swizzle"]), int(meta["elem_size"]), TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]],
+            int(value.padding == "nan"), rank, *tile, *value.shape, *value.strides]
 
 
 class HostCall:
@@ -194,7 +221,7 @@ def _host_call(call: HostCall, buffers: list) -> tuple | None:
     address = ctypes.cast(call.lib.stage4w_forward, ctypes.c_void_p).value
     error = ctypes.cast(call.lib.stage4w_error_string, ctypes.c_void_p).value
     grid = [nq and b * hq and 1, 1, 1]                  # 0: nothing to launch (Nq = 0), as the Python path
-    return (address, grid, 0, 0, 0, described, error)
+    return (address, grid, 0, 0, 0, described, error, [])
 
 
 def _buffer_index(value, buffers: list) -> int | None:
@@ -212,7 +239,9 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
     launch cannot be repeated from buffers and constants.
 
     ``record`` holds ``(compiled kernel, grid, arguments)`` per Triton launch, every parameter's
-    value in order (constexprs too), and a :class:`HostCall` per call of the wgmma kernel;
+    value in order (constexprs too; a host-made TMA descriptor as a :class:`Descriptor`, which
+    Triton's launcher passes as the descriptor, its shape and its strides), and a
+    :class:`HostCall` per call of the wgmma kernel;
     ``buffers`` the call's tensors (``inputs`` of them, None for an absent one) and then what the
     body allocated; ``outputs`` the buffers returned.
     """
@@ -238,13 +267,22 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
         signature = list(compiled.src.signature.values())
         if len(signature) != len(args) or compiled.function is None:
             return None
-        described = []
+        described, maps = [], []
+        metas = list(getattr(meta, "tensordesc_meta", None) or [])
         for kind, value in zip(signature, args):
             if kind == "constexpr":
                 continue
             if not isinstance(kind, str):
                 return None                                 # a tuple argument: none of ours
-            if kind.startswith("*"):
+            if kind.startswith("tensordesc"):
+                spec = _tensor_map(value, metas.pop(0) if metas else None)
+                index = _buffer_index(value.base, buffers) if spec is not None else None
+                if index is None:
+                    return None
+                maps.append([index, *spec])
+                described.append((TENSOR_MAP, len(maps) - 1))
+                described += [(INT32, int(x)) for x in value.shape] + [(INT64, int(x)) for x in value.strides]
+            elif kind.startswith("*"):
                 index = _buffer_index(value, buffers)
                 if index is None:
                     return None
@@ -258,5 +296,6 @@ def describe_part(record: list, buffers: list, inputs: int, outputs: list) -> tu
         _alive[id(compiled)] = compiled                     # its module stays loaded while C++ holds the function
         grid = tuple(grid) + (1,) * (3 - len(grid))
         scratch = getattr(meta, "global_scratch_size", 0) * grid[0] * grid[1] * grid[2]
-        launches.append((int(compiled.function), list(grid), 32 * meta.num_warps, meta.shared, scratch, described, 0))
+        launches.append((int(compiled.function), list(grid), 32 * meta.num_warps, meta.shared, scratch, described, 0,
+                         maps))
     return inputs, list(buffers[inputs:]), launches, outputs

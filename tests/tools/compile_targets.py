@@ -16,8 +16,11 @@ table row (the tile used untimed) for stage 2's and stage 9's kernels, in float1
 9, float32; whole tables of stage 9's kernels (its forward is stage 8's code, with the table of
 stages 3 and 5-7) in float16 on one target per table; the forwards of stages 3 and 5-8 at
 each table row's first entry on those targets (on sm_75, whose compiles are the slowest, at
-D=128); and the TMA kernels (solutions/fast_*_tma.py, stage "tma") on sm_90, the one target
-solutions/attention_op runs them on, at D=64 and D=128, their whole tables.  ``--cache FILE``
+D=128); and the TMA kernels (solutions/fast_*_tma.py) on sm_90, the one target
+solutions/attention_op runs them on, at D=64 and D=128, their whole tables, in both forms: with
+their descriptors made on the host (stage "tma", as eager calls run them) and made in the kernel
+(stage "tma-in-kernel", as the op runs them under torch.compile).  A host-made descriptor is part
+of the kernel's signature, tile shape included: each tile compiles with its own.  ``--cache FILE``
 reuses the shared memory recorded for an identical compile (same
 Triton version, target, kernel source, signature, constants and options), except for the jobs
 marked ``always``, which compile on every run.
@@ -139,17 +142,20 @@ def record_launches(source: str) -> list[dict]:
                                                 causal=True, window=24, sink_tokens=2, sinks=sinks)
         tma = _tma_modules(source)
         for d in (64, 128) if tma else ():       # the TMA kernels, which solutions/attention_op runs on sm_90
-            context.update(stage="tma", table="tma", dtype="float16", head_dim=d)
-            q, kv = rand(1, 4, 40, d, dtype=torch.float16), rand(1, 2, 40, d, dtype=torch.float16)
-            sinks = torch.zeros(4, device=runtime.DEVICE)
-            o, lse = tma[0].flash_attention(q, kv, kv, causal=True, window=24, sink_tokens=2, sinks=sinks)
-            tma[1].flash_attention_backward(q, kv, kv, torch.zeros_like(q), torch.zeros_like(q[..., 0]).float(), q,
-                                            causal=True, window=24, sink_tokens=2, sinks=sinks)
+            for host, stage in ((True, "tma"), (False, "tma-in-kernel")):
+                context.update(stage=stage, table="tma", dtype="float16", head_dim=d)
+                q, kv = rand(1, 4, 40, d, dtype=torch.float16), rand(1, 2, 40, d, dtype=torch.float16)
+                sinks = torch.zeros(4, device=runtime.DEVICE)
+                o, lse = tma[0].flash_attention(q, kv, kv, causal=True, window=24, sink_tokens=2, sinks=sinks,
+                                                host_descriptors=host)
+                tma[1].flash_attention_backward(q, kv, kv, torch.zeros_like(q), torch.zeros_like(q[..., 0]).float(),
+                                                q, causal=True, window=24, sink_tokens=2, sinks=sinks,
+                                                host_descriptors=host)
     finally:
         knobs.runtime.jit_cache_hook = None
         pass                           # the stand-in driver stays: there is no real one to go back to
     # The TMA backward runs stage 9's preprocess, compiled under stage 9 already.
-    return [x for x in launches if x["stage"] != "tma" or x["name"].startswith("_tma_")]
+    return [x for x in launches if not x["stage"].startswith("tma") or x["name"].startswith("_tma_")]
 
 
 def _tma_modules(source: str):
@@ -179,6 +185,28 @@ def tables_for(launch: dict, smem: int, stage9) -> list[tuple[int, int, int, int
     return tuning._entries(table, d)
 
 
+#: The meta-parameter that sets a host-made descriptor's tile (its positions), by argument name.
+_DESCRIPTOR_TILES = {"K": "BLOCK_N", "V": "BLOCK_N", "Q": "BLOCK_M", "DO": "BLOCK_M", "LSE": "BLOCK_M",
+                     "DELTA": "BLOCK_M"}
+
+
+def signature_for(launch: dict, tile: dict) -> dict:
+    """The launch's signature with each host-made descriptor's tile set from ``tile`` (BLOCK_M,
+    BLOCK_N), as the wrappers' autotuning hooks set it: ``tensordesc<fp16[1, 1, 32, 64]>`` for
+    K with BLOCK_N = 32, ``tensordesc<fp32[1, 64]>`` for lse with BLOCK_M = 64."""
+    import re
+    signature = dict(launch["signature"])
+    for name, kind in signature.items():
+        size = tile.get(_DESCRIPTOR_TILES.get(name))
+        if not (isinstance(kind, str) and kind.startswith("tensordesc") and size):
+            continue
+        dtype, dims, rest = re.fullmatch(r"tensordesc<([^\[]*)\[([^\]]*)\](.*)>", kind).groups()
+        dims = [x.strip() for x in dims.split(",")]
+        dims[-2 if len(dims) == 4 else -1] = str(size)
+        signature[name] = f"tensordesc<{dtype}[{', '.join(dims)}]{rest}>"
+    return signature
+
+
 def _gpu_values(launch: dict) -> dict:
     """Constants the wrapper would pass on a GPU where it passes CPU-sized ones."""
     if launch["name"] == "_bwd_preprocess_kernel":
@@ -198,16 +226,16 @@ def _source(kernel) -> str:
     return hashlib.sha256(repr(sorted(jitted)).encode()).hexdigest()
 
 
-def _key(launch: dict, constants: dict, target: str, warps: int, stages: int) -> str:
-    text = json.dumps([triton.__version__, target, _source(launch["kernel"]), launch["signature"],
+def _key(launch: dict, signature: dict, constants: dict, target: str, warps: int, stages: int) -> str:
+    text = json.dumps([triton.__version__, target, _source(launch["kernel"]), signature,
                        sorted((str(k), repr(v)) for k, v in constants.items()),
                        sorted((str(k), repr(v)) for k, v in launch["attrs"].items()), warps, stages], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def compile_one(launch: dict, constants: dict, cc: tuple[int, int], warps: int, stages: int) -> int:
+def compile_one(launch: dict, signature: dict, constants: dict, cc: tuple[int, int], warps: int, stages: int) -> int:
     """Compile for ``cc`` and return the shared memory the kernel needs, in bytes."""
-    src = ASTSource(fn=launch["kernel"], signature=launch["signature"], constexprs=constants, attrs=launch["attrs"])
+    src = ASTSource(fn=launch["kernel"], signature=signature, constexprs=constants, attrs=launch["attrs"])
     target = GPUTarget("cuda", cc[0] * 10 + cc[1], 32)
     compiled = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
     return int(compiled.metadata.shared)
@@ -241,12 +269,12 @@ def plan_jobs(launches: list[dict], targets: list[str], stage9) -> list[dict]:
             stage, dtype, d = launch["stage"], launch["dtype"], launch.get("head_dim")
             if dtype == "float32" and stage != "stage9":
                 continue                  # float32: stage 9's kernels (its forward is stage 8's code)
-            if stage == "tma" and target != "sm_90":
+            if stage.startswith("tma") and target != "sm_90":
                 continue                  # the TMA kernels: where the op runs them
             if stage not in ("stage2", "stage9") and (target not in TABLE_TARGETS or target == "sm_75" and d != 128):
                 continue                  # stages 3, 5-8: stage 9's forward stands for them (see the doc above)
             entries = tables_for(launch, limit, stage9)
-            whole = (entries is not None and stage in ("stage9", "tma") and dtype == "float16"
+            whole = (entries is not None and (stage == "stage9" or stage.startswith("tma")) and dtype == "float16"
                      and target in TABLE_TARGETS)
             entries = [(None, None, launch["num_warps"], launch["num_stages"])] if entries is None else \
                 entries if whole else entries[:1]
@@ -256,14 +284,16 @@ def plan_jobs(launches: list[dict], targets: list[str], stage9) -> list[dict]:
                 for name, value in {"BLOCK_M": bm, "BLOCK_N": bn, **_gpu_values(launch)}.items():
                     if value is not None:
                         constants[(names.index(name),)] = value
-                key = _key(launch, constants, target, warps, stages)
+                signature = signature_for(launch, {"BLOCK_M": bm, "BLOCK_N": bn})
+                key = _key(launch, signature, constants, target, warps, stages)
                 if key in seen:
                     continue
                 seen.add(key)
                 always = i == 0 and dtype == "float16" and d in (128, None) and (
                     (stage == "stage9" and launch["table"] == "backward" or launch["name"] == "_flash_forward_kernel"
-                     and stage == "stage9") or target in ALWAYS_ALL_STAGES or stage == "tma")
-                jobs.append({"launch": launch, "constants": constants, "target": target, "cc": cc, "limit": limit,
+                     and stage == "stage9") or target in ALWAYS_ALL_STAGES or stage.startswith("tma"))
+                jobs.append({"launch": launch, "signature": signature, "constants": constants, "target": target,
+                             "cc": cc, "limit": limit,
                              "tile": [bm, bn, warps, stages], "key": key, "always": always})
     return jobs
 
@@ -286,7 +316,7 @@ _JOBS: list[dict] = []
 def _compile_job(i: int) -> tuple[int, int, float]:
     job = _JOBS[i]
     t0 = time.monotonic()
-    smem = compile_one(job["launch"], job["constants"], job["cc"], job["tile"][2], job["tile"][3])
+    smem = compile_one(job["launch"], job["signature"], job["constants"], job["cc"], job["tile"][2], job["tile"][3])
     return i, smem, time.monotonic() - t0
 
 
