@@ -95,6 +95,8 @@ def render(path: str | Path, *, device: str | None = None, software: str | None 
     software = (", ".join(f"{k} {meta[k]}" for k in ("python", "torch", "triton") if meta.get(k))
                 or software or "not recorded")
     out = [PREAMBLE.format(source=shown.as_posix(), device=device, software=software)]
+    if meta.get("runs"):          # a file merged from runs made at different times says which rows each made
+        out += ["Runs:", ""] + [f"- {run}" for run in meta["runs"]] + [""]
     if chart:
         out += [f"![TFLOP/s of every case and provider, one panel per stage]({chart})", ""]
     for stage in dict.fromkeys(r["stage"] for r in rows):
