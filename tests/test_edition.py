@@ -43,7 +43,8 @@ def test_an_edition_ships_the_stages_through_n_and_teaches_from_a_clean_slate(th
     readme = (through3 / "README.md").read_text()
     assert len(readme.encode()) < 8192 and "solutions/" not in readme and "TFLOP" not in readme
     assert "Stages 4-9 arrive in a later edition" in readme
-    for absent in ("solutions", "tests/wrong", "grader/checks/hidden", "docs/bench-h100.json", "grader/gradescope"):
+    for absent in ("solutions", "tests/wrong", "grader/checks/hidden", "docs/bench-h100.json", "grader/gradescope",
+                   "grader/bench/probes"):
         assert not (through3 / absent).exists(), absent
     assert edition.audit(edition.on_disk(through3, meta), set(), edition.answer_keys(),
                          bundle.hidden_check_names()) == []

@@ -99,7 +99,9 @@ def collect(shipped: list, *, autograder: list[str] | None = None, published: li
     for name in TOP_FILES:
         if (ROOT / name).is_file():
             wanted[name] = (ROOT / name).read_bytes()
-    skip = [] if autograder else ["grader/checks/hidden", "grader/gradescope"]
+    # The bench's probes time the instructors' kernels in solutions/ (no edition has them), and some
+    # hold a kernel written out in full: an edition, an autograder's too, ships none of them.
+    skip = ["grader/bench/probes"] + ([] if autograder else ["grader/checks/hidden", "grader/gradescope"])
     later = [f"grader/checks/{s.name}.py" for s in stages.ALL if s not in shipped]   # their checks come with them
     for name in CODE_DIRS:
         wanted.update(_tree(ROOT / name, skip=skip + later))
