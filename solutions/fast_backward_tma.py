@@ -98,7 +98,7 @@ def dkdv_descriptors(q, do, lse_rows, delta_rows, shape: tuple, q_strides: tuple
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
     b, h, n, d = shape
-    tiles = [TensorDescriptor(x, [b, h, n, d], list(st), [1, 1, block_m, d]) for x, st in ((q, q_strides),
+    tiles = [TensorDescriptor(x, [b, h, n, d], list(st), [1, 1, block_m, int(d)]) for x, st in ((q, q_strides),
                                                                                         (do, do_strides))]
     return (*tiles, *(TensorDescriptor(x, [b * h, n], [x.stride(0), 1], [1, block_m]) for x in (lse_rows, delta_rows)))
 
@@ -314,7 +314,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, window=None, 
     q, o, do: (B, Hq, Nq, D); k, v: (B, Hkv, Nk, D); lse: (B, Hq, Nq) float32 from the forward;
     D a power of two from 16 to 256.  ``block_m``/``block_n`` fix the dQ kernel's tile (for tests);
     ``host_descriptors=False`` has the kernels make their descriptors themselves, as the op's do
-    under ``torch.compile``.
+    under ``torch.compile`` where torch cannot pass host-made ones into a graph.
     Extra memory: delta (B, Hq, Nq) float32 and a few floats per query block for dsinks (and, when Nq
     is not a multiple of 4, padded copies of lse and delta: see _stat_rows).
     """

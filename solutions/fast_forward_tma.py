@@ -20,10 +20,9 @@ lesson pull apart:
   made in the kernel (``tl.make_tensor_descriptor``) is written to global memory and fenced by
   every program before its first load; a short window's program has only a few key blocks to
   spread that over, and at window 128 it cost a fifth of the forward's time.  So calls made
-  here, and the op's eager calls, pass K's and V's descriptors made on the host
-  (``TensorDescriptor``), once per launch.  Under ``torch.compile`` the op's kernel still makes
-  its own: a host descriptor handed through a ``torch.library`` op gave wrong results there
-  (solutions/attention_op).  q and o, read and written once per program, go through pointers.
+  here, and the op's calls, eager or compiled, pass K's and V's descriptors made on the host
+  (``TensorDescriptor``), once per launch (solutions/attention_op/launch.py says how a compiled
+  graph gets them).  q and o, read and written once per program, go through pointers.
 * **Packed GQA heads.**  The query heads of a GQA group read the same keys, and the mask depends
   on the position alone.  So one program takes the whole group (2, 4 or 8 heads) at a quarter
   (half, eighth) of the positions: a 128-row tile is 4 heads x 32 positions.  Its diagonal band
@@ -98,7 +97,7 @@ def kv_descriptors(k: torch.Tensor, v: torch.Tensor, shape: tuple, k_strides: tu
     if 0 in shape:
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
-    tile = [1, 1, block_n, shape[3]]
+    tile = [1, 1, block_n, int(shape[3])]           # int(): a traced head dim is symbolic (and specialized)
     return (TensorDescriptor(k, list(shape), list(k_strides), tile),
             TensorDescriptor(v, list(shape), list(v_strides), list(tile)))
 

@@ -689,6 +689,79 @@ def test_inductor_takes_each_kernel_to_write_only_its_outputs():
         "tma_forward": ["LSE", "O"], "tma_dkdv": ["DK", "DV"], "tma_dq": ["DQ"]}
 
 
+def _traced_launches(*env: str) -> list:
+    import json
+    import os
+    import subprocess
+    import sys
+    script = ROOT / "tests" / "tools" / "traced_launches.py"
+    done = subprocess.run([sys.executable, str(script), str(PATH.parent)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **dict(e.split("=", 1) for e in env)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_traced_graph_makes_the_tma_kernels_descriptors_when_it_runs():
+    """Under torch.compile the TMA kernels take descriptors made on the host, as eager calls do.
+    Each must reach the graph as the tensor it describes (a graph value) plus its tile, never as
+    a descriptor kept with the traced call's addresses; and Inductor must still find what each
+    kernel writes, or it would drop the kernel.  Traced on the CPU as far as AOTAutograd's
+    graphs (tests/tools/traced_launches.py), as torch finds things on an H100."""
+    def tile(*shape):
+        return ["stable", list(shape)]
+    rows, keys = tile(1, 1, 32, 64), tile(1, 32)
+    assert _traced_launches() == [
+        {"kernel": "_tma_forward_kernel", "descriptors": {"K": rows, "V": rows}, "in_graph": ["K", "V"],
+         "written": ["LSE", "O"]},
+        {"kernel": "_bwd_preprocess_kernel", "descriptors": {}, "in_graph": [], "written": ["DELTA", "DSINKS_PART"]},
+        {"kernel": "_tma_dkdv_kernel", "descriptors": {"DELTA": keys, "DO": rows, "LSE": keys, "Q": rows},
+         "in_graph": ["DELTA", "DO", "LSE", "Q"], "written": ["DK", "DV"]},
+        {"kernel": "_tma_dq_kernel", "descriptors": {"K": rows, "V": rows}, "in_graph": ["K", "V"], "written": ["DQ"]}]
+
+
+def test_without_torchs_host_descriptor_support_the_kernels_make_their_own():
+    """Where torch does not take the device for one with host descriptors, its write analysis
+    would misread a descriptor's arguments (launch.py, ``_graph_descriptors``): there the traced
+    kernels make their own descriptors, and every kernel is still found to write its outputs."""
+    launches = _traced_launches("WORKBOOK_TRACE_AS_FOUND=1")
+    assert [(r["kernel"], r["descriptors"], r["written"]) for r in launches] == [
+        ("_tma_forward_kernel", {}, ["LSE", "O"]), ("_bwd_preprocess_kernel", {}, ["DELTA", "DSINKS_PART"]),
+        ("_tma_dkdv_kernel", {}, ["DK", "DV"]), ("_tma_dq_kernel", {}, ["DQ"])]
+
+
+@gpu
+def test_a_compiled_windowed_call_gives_the_eager_bits_on_every_buffer(op, monkeypatch):
+    """The compiled graph makes the TMA kernels' descriptors from the buffers it is handed each
+    time: called on other buffers than it was traced with, and through CUDA graphs, it gives the
+    bits of the eager call (host-made descriptors too), forward and backward (dsinks to rounding)."""
+    from torch._inductor.utils import run_and_get_code
+    monkeypatch.setattr(op.plans, "KERNELS", "tma")
+    sinks = torch.zeros(8, device=DEVICE, requires_grad=True)
+
+    def f(q, k, v, sinks):
+        return op.attention(q, k, v, is_causal=True, window=64, sinks=sinks, enable_gqa=True, layout="bnhd")
+
+    def run(fn, seed):
+        q, k, v = _qkv(2, 8, 2, 512, 512, 64, layout="bnhd", grad=True, seed=seed)
+        o = fn(q, k, v, sinks)
+        return (o.detach(), *torch.autograd.grad(o, (q, k, v, sinks), torch.ones_like(o) * 0.01))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    _, code = run_and_get_code(run, compiled, 0)
+    assert any("TensorDescriptor.from_tensor" in c for c in code), "the graph makes no descriptor when it runs"
+    torch._dynamo.reset()
+    graphed = torch.compile(f, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    for seed in (1, 2, 3):
+        want = run(f, seed)
+        for name, fn in (("compiled", compiled), ("CUDA graphs", graphed)):
+            got = run(fn, seed)
+            for label, a, b in zip(("o", "dq", "dk", "dv"), got, want):
+                assert torch.equal(a, b), f"{name}, inputs {seed}: {label} differs from the eager call's"
+            # dsinks is a sum of the kernel's partial sums, which Inductor may add in another order
+            torch.testing.assert_close(got[4], want[4], rtol=1e-5, atol=1e-6)
+
+
 @gpu
 def test_cuda_graphs_when_q_k_v_are_the_inputs(op, kernels):
     """q, k and v as the compiled function's own inputs (in TinyModel they are made inside): the op

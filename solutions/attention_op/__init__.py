@@ -40,6 +40,12 @@ are called:
   launches nothing, so shapes, dtypes and strides are known without a GPU (Triton's CPU
   interpreter would otherwise try to run the kernels on fake tensors).
   ``register_autograd`` ties the two together.  The backward has no backward of its own.
+* **Host-made descriptors in a compiled graph.**  The TMA kernels take their descriptors made
+  on the host.  A traced ``wrap_triton`` launch would keep such a descriptor as a constant, with
+  the traced call's addresses, so ``launch.op_launch`` puts each into the graph as the tensor it
+  describes plus its tile, and the graph makes the descriptor over the buffer it has when it
+  runs (tests/tools/traced_launches.py checks the traced graph).  Where this torch lacks what
+  that needs, the kernels make their own.
 * **Kernels that say what they write.**  Inductor learns which tensors a ``wrap_triton`` kernel
   writes by following each store's pointer back through the kernel's Triton IR, and it takes a
   helper's results as made from all of the helper's arguments.  A tensor it takes for written

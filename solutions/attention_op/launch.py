@@ -5,8 +5,9 @@ Tensors arrive as (B, H, N, D), or as (B, N, H, D) with ``bnhd``, with any strid
 no window.  Each body launches the TMA kernels where the plan and the strides allow, else stage
 9's; the forward may be the wgmma kernel instead, and the backward the one-pass wgmma kernel
 (``plans``).  ``launch(kernel)`` is
-``wrap_triton`` inside the ops, so that torch.compile sees the kernel, and in eager mode the
-kernel itself or :class:`_Launch`.  The wgmma kernels are CUDA, not Triton: eager calls run them
+:func:`op_launch` inside the ops (``wrap_triton``, so that torch.compile sees the kernel, with
+the TMA kernels' host-made descriptors passed into the graph), and in eager mode the kernel
+itself or :class:`_Launch`.  The wgmma kernels are CUDA, not Triton: eager calls run them
 through ctypes, and the ops through ops of their own (library.py), opaque to the compiler.
 """
 
@@ -16,6 +17,7 @@ from kernels import runtime, tuning
 
 import torch
 import triton  # after kernels.runtime: it decides TRITON_INTERPRET
+from torch.library import wrap_triton
 
 from . import plans
 from .native import NOT_REPLAYED, Descriptor, HostCall, Pointer
@@ -112,9 +114,105 @@ def _recorded(arg):
 
 def _host_descriptors(launch) -> bool:
     """Whether a launch may take TMA descriptors made on the host: an eager one (the kernel itself
-    or :class:`_Launch`).  Inside the ops ``launch`` is ``wrap_triton``, and a host descriptor
-    handed through it gave wrong results under ``torch.compile``: there the kernels make their own."""
-    return launch is _direct or isinstance(launch, _Launch)
+    or :class:`_Launch`), or the ops' :func:`op_launch` where this torch can put descriptors in a
+    traced graph.  A host descriptor handed to plain ``wrap_triton`` gave wrong results under
+    ``torch.compile``; without that support the kernels make their own."""
+    return launch is _direct or isinstance(launch, _Launch) or (launch is op_launch and _graph_descriptors())
+
+
+# Inside the ops a kernel is launched through ``wrap_triton``.  Traced (torch.compile), that
+# records the launch in the graph as the higher-order op ``triton_kernel_wrapper_mutation``, but a
+# host-made descriptor among its arguments is kept as a constant, with the traced call's addresses:
+# torch's tracing outside Dynamo does not capture descriptors.  The same higher-order op takes
+# ``tma_descriptor_metadata`` ({argument: ("stable", (tile,))}), which Dynamo fills for
+# descriptors it sees made; with it, the argument in the graph is the tensor the descriptor
+# describes, and the graph makes the descriptor when it runs, over the buffer it has then
+# (Inductor's wrapper code calls ``TensorDescriptor.from_tensor``).  ``op_launch`` fills it for
+# the descriptors launch.py makes.  It leans on torch's private tracing classes, so it is used only
+# where they are found as expected, and the kernels make their own descriptors elsewhere.
+
+def _graph_descriptors() -> bool:
+    """Whether this torch's tracing of ``wrap_triton`` can carry descriptors as described above."""
+    global _GRAPH_DESCRIPTORS
+    if _GRAPH_DESCRIPTORS is None:
+        try:
+            from torch._higher_order_ops import triton_kernel_wrap as wrap
+            from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+            found = all(hasattr(wrap, name) for name in (
+                "TracingTritonHOPifier", "TraceableTritonKernelWrapper", "triton_kernel_wrapper_mutation"))
+            found = found and hasattr(wrap.TracingTritonHOPifier, "store_non_graphable_args")
+            found = found and wrap.maybe_unpack_tma_stable_metadata(("stable", ([1],))) == ([1],)
+            # Where torch takes the device for one without host descriptors, its analysis of what a
+            # kernel writes counts a descriptor as one argument, not the 1 + 2 x rank the compiled
+            # kernel takes, misreads every later argument and finds no writes (the graph would
+            # then drop the forward): only where it counts them right.
+            from torch.utils._triton import has_triton_tensor_descriptor_host_tma
+            _GRAPH_DESCRIPTORS = found and has_triton_tensor_descriptor_host_tma()
+        except (ImportError, AttributeError, TypeError):
+            _GRAPH_DESCRIPTORS = False
+    return _GRAPH_DESCRIPTORS
+
+
+_GRAPH_DESCRIPTORS: bool | None = None
+
+
+def _described(desc) -> torch.Tensor:
+    """The tensor a host-made descriptor describes, of which ``TensorDescriptor.from_tensor`` gives
+    the descriptor back.  Inside the ops every descriptor spans its tensor with the tensor's own
+    shape and strides ((B, H, N, D) views, lse and delta as rows), so the tensor itself goes into
+    the graph: no view is added (an ``as_strided`` would leave its storage offset to Inductor)."""
+    base = desc.base
+    if list(base.shape) != list(desc.shape) or list(base.stride()) != list(desc.strides):
+        raise RuntimeError(f"a descriptor of shape {list(desc.shape)} and strides {list(desc.strides)} over a tensor "
+                           f"of shape {list(base.shape)} and strides {list(base.stride())}: inside the ops a "
+                           "descriptor must span its tensor as it is")
+    return base
+
+
+def op_launch(kernel):
+    """``launch`` inside the ops: ``wrap_triton(kernel)``, which passes host-made descriptors
+    into a traced graph as their tensors and tiles (see above).  Run eagerly, outside any
+    tracing, the kernel is launched as it is, descriptors and all."""
+    from torch._library.triton import is_wrap_triton_enabled
+    if not is_wrap_triton_enabled():
+        return kernel
+    return _OpLaunch(kernel)
+
+
+class _OpLaunch:
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def run(*args, **meta):
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            names = self.kernel.arg_names
+            found = {names[i]: a for i, a in enumerate(args) if isinstance(a, TensorDescriptor)}
+            found.update((name, a) for name, a in meta.items() if isinstance(a, TensorDescriptor))
+            if not found:
+                return wrap_triton(self.kernel)[grid](*args, **meta)
+            args = tuple(_described(a) if isinstance(a, TensorDescriptor) else a for a in args)
+            meta = {name: _described(a) if isinstance(a, TensorDescriptor) else a for name, a in meta.items()}
+            tiles = {name: ("stable", (list(desc.block_shape),)) for name, desc in found.items()}
+            from torch._higher_order_ops import triton_kernel_wrap as wrap
+            variable = wrap.TraceableTritonKernelWrapper(self.kernel, None, grid)
+            return _hopifier(tiles).call_triton_kernel(variable, args, meta, None)
+        return run
+
+
+def _hopifier(tiles: dict):
+    """torch's tracing of ``wrap_triton`` with ``tiles`` as the launch's descriptor metadata."""
+    from torch._higher_order_ops import triton_kernel_wrap as wrap
+
+    class DescriptorHOPifier(wrap.TracingTritonHOPifier):
+        def call_HOP(self, variable, grids, combined_args, tx):
+            graphable, constant_args_idx = self.store_non_graphable_args(combined_args)
+            return wrap.triton_kernel_wrapper_mutation(kernel_idx=variable.kernel_idx,
+                                                       constant_args_idx=constant_args_idx, grid=grids,
+                                                       tma_descriptor_metadata=tiles, kwargs=graphable)
+    return DescriptorHOPifier()
 
 
 def _launcher(key: tuple, record: list | None = None):

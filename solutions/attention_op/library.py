@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch.library import triton_op, wrap_triton
+from torch.library import triton_op
 
-from .launch import _backward, _backward_outputs, _choose, _forward, _forward_outputs, _wgmma_forward
+from .launch import _backward, _backward_outputs, _choose, _forward, _forward_outputs, _wgmma_forward, op_launch
 
 
 @torch.library.custom_op("workbook::wgmma_forward", mutates_args=())
@@ -62,7 +62,7 @@ def _wgmma_backward_fake(q, k, v, o, lse, do, sinks, causal, window, sink_tokens
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor],
                       causal: bool, window: int, sink_tokens: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` of (B, H, N, D) views with any strides; window 0 means no window."""
-    return _forward(q, k, v, sinks, causal, window, sink_tokens, scale, launch=wrap_triton,
+    return _forward(q, k, v, sinks, causal, window, sink_tokens, scale, launch=op_launch,
                     wgmma_op=torch.ops.workbook.wgmma_forward)
 
 
@@ -72,7 +72,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dsinks)``; an op returns tensors only, so dsinks is zeros (Hq,) without sinks."""
     dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, sinks, causal, window, sink_tokens, scale,
-                                   launch=wrap_triton, wgmma_op=torch.ops.workbook.wgmma_backward)
+                                   launch=op_launch, wgmma_op=torch.ops.workbook.wgmma_backward)
     return dq, dk, dv, dsinks if dsinks is not None else torch.zeros(q.shape[1], device=q.device)
 
 

@@ -18,9 +18,10 @@ stages 3 and 5-7) in float16 on one target per table; the forwards of stages 3 a
 each table row's first entry on those targets (on sm_75, whose compiles are the slowest, at
 D=128); and the TMA kernels (solutions/fast_*_tma.py) on sm_90, the one target
 solutions/attention_op runs them on, at D=64 and D=128, their whole tables, in both forms: with
-their descriptors made on the host (stage "tma", as eager calls run them) and made in the kernel
-(stage "tma-in-kernel", as the op runs them under torch.compile).  A host-made descriptor is part
-of the kernel's signature, tile shape included: each tile compiles with its own.  ``--cache FILE``
+their descriptors made on the host (stage "tma", as eager calls and compiled graphs run them) and
+made in the kernel (stage "tma-in-kernel", as compiled graphs run them where torch cannot carry
+host descriptors into a graph).  A host-made descriptor is part of the kernel's signature, tile
+shape included: each tile compiles with its own.  ``--cache FILE``
 reuses the shared memory recorded for an identical compile (same
 Triton version, target, kernel source, signature, constants and options), except for the jobs
 marked ``always``, which compile on every run.

@@ -77,7 +77,7 @@ def tma_writes(solutions: Path, q, k, v, o, lse, sinks, do, dq, dk, dv, delta) -
     return {
         "tma_forward": writes(fwd._tma_forward_kernel.fn, dict(Q=q, K=k, V=v, O=o, LSE=lse, SINKS=sinks),
                               dict(sizes, **strides(fwd._tma_forward_kernel), HAS_SINK_TOKENS=False, HAS_SINKS=True,
-                                   PACK=4, HOST_DESC=False)),     # the ops' kernel makes its own descriptors
+                                   PACK=4, HOST_DESC=False)),     # made in the kernel (traced_launches.py: the other)
         "tma_dkdv": writes(bwd._tma_dkdv_kernel.fn, dict(Q=q, DO=do, LSE=lse, DELTA=delta, K=k, V=v, DK=dk, DV=dv),
                            dict(sizes, **strides(bwd._tma_dkdv_kernel), H_KV=hkv, HOST_DESC=False)),
         "tma_dq": writes(bwd._tma_dq_kernel.fn, dict(K=k, V=v, Q=q, DO=do, DQ=dq, LSE=lse, DELTA=delta),
