@@ -323,18 +323,49 @@ def test_the_training_probes_check_their_sizes_and_keep_each_row_as_it_comes(tmp
         assert json.loads(path.read_text())["rows"] == [{"i": j} for j in range(i + 1)]
 
 
-def test_the_probes_turn_the_compile_caches_off_in_main_not_at_import(monkeypatch):
+@pytest.fixture
+def caches():
+    """Inductor's graph cache and AOTAutograd's cache, switched on for a test and put back after
+    by assignment (monkeypatch's undo deletes a torch config entry it took for absent)."""
+    import torch._functorch.config
+    import torch._inductor.config
+    flags = ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"))
+    saved = [getattr(config, flag) for config, flag in flags]
+    for config, flag in flags:
+        setattr(config, flag, True)
+    yield flags
+    for (config, flag), value in zip(flags, saved):
+        setattr(config, flag, value)
+
+
+def test_the_probes_turn_the_compile_caches_off_in_main_not_at_import(caches):
     """Importing a probe that trains (as the tests do) leaves Inductor's caches as they were; its
     ``compile_caches_off`` turns both off."""
     from kernels.loader import ROOT, load_file
 
-    import torch._functorch.config
-    import torch._inductor.config
-    caches = ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"))
-    for config, flag in caches:
-        monkeypatch.setattr(config, flag, True)
-    for name in ("train_tiles", "compiled_host", "step_parts"):
+    for name in ("train_tiles", "compiled_host", "step_parts", "compiled_descriptors"):
         load_file(ROOT / "grader" / "bench" / "probes" / f"{name}.py")
         assert all(getattr(config, flag) is True for config, flag in caches), name
     bench_train.compile_caches_off()
     assert all(getattr(config, flag) is False for config, flag in caches)
+
+
+def test_bench_train_compiles_afresh(monkeypatch, caches):
+    """``bench train`` turns the compile caches off before its first model: a graph cached by an
+    earlier run, under an older op, would be timed in place of the op as it is."""
+    seen = []
+
+    class Reached(Exception):
+        pass
+
+    def first_size(*args, **kwargs):
+        seen.append([getattr(config, flag) for config, flag in caches])
+        raise Reached
+    import torch._dynamo
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", torch._dynamo.config.cache_size_limit)
+    monkeypatch.setattr(bench_train.runtime, "ON_GPU", True)
+    monkeypatch.setattr(bench_train.runtime, "describe", lambda: "a GPU")
+    monkeypatch.setattr(bench_train, "run_size", first_size)
+    with pytest.raises(Reached):
+        bench_train.main(sizes="b8n1024", providers="workbook-compiled")
+    assert seen == [[False, False]]

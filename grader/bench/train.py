@@ -519,9 +519,11 @@ def write_json(rows: list[dict], gaps: dict[str, float], path: str) -> None:
 
 
 def compile_caches_off() -> None:
-    """Turn off Inductor's graph cache and AOTAutograd's cache in this process: a probe that compiles
-    the same Python under other plans must not take a graph compiled under another run's.  Called by
-    the probes' ``main``, never at import, so that importing a probe (as the tests do) changes nothing."""
+    """Turn off Inductor's graph cache and AOTAutograd's cache in this process.  They key a compiled
+    graph by what Dynamo traced, which holds the workbook's op as one call, so a run that compiles the
+    same model under other plans, or after the op's code changed, would take the graph compiled
+    before.  Called by bench train's and the probes' ``main``, never at import, so that importing a
+    probe (as the tests do) changes nothing."""
     import torch._functorch.config
     import torch._inductor.config
     caches = ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"))
@@ -583,6 +585,7 @@ def main(*, sizes: str | None = None, providers: str | None = None, steps: int =
         return 2
     import torch._dynamo
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    compile_caches_off()                   # the op's step as its code is now, not a cached graph of before
     print(f"bench train on {runtime.describe()}: {', '.join(sizes)}; {', '.join(providers)}; "
           f"{warmup} warm-up and {steps} timed steps each", flush=True)
     rows = []
