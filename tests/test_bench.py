@@ -1071,6 +1071,21 @@ def test_section_20_is_its_kept_training_run():
         "attention_ms"] >= 1.3
 
 
+def test_what_follows_weighs_the_window_1024_backward_target_against_the_dense_rates():
+    """"What follows" puts the rate that 1.5x FlexAttention's window-1024 backward asks for beside
+    the op's dense D64 backward rates, all from docs/bench-stage9-h200.json."""
+    notes = (ROOT / "docs" / "hopper-notes.md").read_text()
+    follows = " ".join(_section(notes + "\n## end", "## What follows").split())
+    rows = json.loads((ROOT / "docs" / "bench-stage9-h200.json").read_text())["rows"]
+    rate = {(r["case"], r["provider"]): r["tflops"] for r in rows}
+    need = 1.5 * rate["B4 Hq32/Hkv8 N8192 D64 W1024 bwd", "flex"]
+    causal, dense = rate["B4 H16 N4096 D64 causal bwd", "op"], rate["B4 H16 N4096 D64 bwd", "op"]
+    assert need > rate["B4 Hq32/Hkv8 N8192 D64 W1024 bwd", "op"]
+    assert (f"asks the op for {need:.0f} TFLOP/s of the case's visible pairs: {need / causal:.2f}x the rate of its "
+            f"dense causal D64 backward ({causal:.0f}) and {need / dense:.2f}x that of its dense one ({dense:.0f})"
+            ) in follows
+
+
 def test_section_23_and_the_pages_figures_are_the_committed_runs():
     """docs/hopper-notes.md's section 23: the probe's table and ranges from its JSON, the training
     table from docs/bench-train-h200.json, and the training figures sections 4 and "What follows"
