@@ -1,4 +1,4 @@
-"""What a traced graph holds of each kernel the ops launch: prints a JSON list, one entry a launch.
+"""What a traced graph holds of each kernel the ops launch: prints JSON, one entry a launch.
 
     python tests/tools/traced_launches.py [SOLUTIONS_DIR]
 
@@ -8,9 +8,10 @@ on the host; in a graph each must be its tensor (a graph value, so that the comp
 the descriptor over the buffer it has when it runs) plus its tile in the node's
 ``tma_descriptor_metadata``, never a descriptor kept as a constant.  This traces a windowed call with
 learned sinks, forward and backward, through the ops with the TMA kernels on the CPU, as far as
-AOTAutograd's graphs (no kernel is compiled to machine code or run), and lists each launch: the
+AOTAutograd's graphs (no kernel is compiled to machine code or run), and lists each launch (the
 kernel, its descriptor metadata, which of those arguments are graph values, and which tensors
-the graph clones because the kernel writes them.  It must run in a process of its own, for the
+the graph clones because the kernel writes them) and any ``as_strided`` in the graph (a view
+whose storage offset Inductor would have to get right).  It must run in a process of its own, for the
 reason tests/tools/kernel_writes.py gives.  ``WORKBOOK_TRACE_AS_FOUND=1`` leaves torch's view
 of this machine as it is (no device with host descriptors).
 """
@@ -34,7 +35,7 @@ class _Traced(Exception):
     """Raised by the capturing compiler once the graphs are in hand: nothing is run."""
 
 
-def main(solutions: Path) -> list[dict]:
+def main(solutions: Path) -> dict:
     driver.set_active(compile_targets._RecordingDriver())          # Triton IR for an H100
     if not os.environ.get("WORKBOOK_TRACE_AS_FOUND"):               # as torch finds things on an H100
         from torch.utils import _triton
@@ -71,6 +72,8 @@ def main(solutions: Path) -> list[dict]:
             if not isinstance(e, _Traced) and not isinstance(getattr(e, "inner_exception", None), _Traced):
                 raise
     (graph,) = joint
+    views = sorted({str(n.target) for n in graph.graph.nodes
+                    if n.op == "call_function" and "as_strided" in str(n.target)})
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
     launches = []
     for node in graph.graph.nodes:
@@ -87,7 +90,7 @@ def main(solutions: Path) -> list[dict]:
             "in_graph": sorted(name for name in tiles if isinstance(kwargs.get(name), torch.fx.Node)),
             "written": sorted(node.kwargs.get("tensors_to_clone", [])),
         })
-    return launches
+    return {"launches": launches, "as_strided": views}
 
 
 if __name__ == "__main__":
