@@ -34,16 +34,10 @@ def fresh_compiles():
     """Inductor's graph cache and AOTAutograd's cache key a compiled graph by what Dynamo traced,
     which holds the op as one call: a test compiling the same function under another kernel set
     (the ``kernels`` fixture) would be handed the graph compiled under the first.  Off here."""
-    import torch._functorch.config
-    import torch._inductor.config
-    caches = [(c, f) for c, f in ((torch._inductor.config, "fx_graph_cache"),
-                                  (torch._functorch.config, "enable_autograd_cache")) if hasattr(c, f)]
-    saved = [getattr(c, f) for c, f in caches]
-    for c, f in caches:
-        setattr(c, f, False)
+    from grader.bench.train import compile_caches_off
+    restore = compile_caches_off()
     yield
-    for (c, f), value in zip(caches, saved):
-        setattr(c, f, value)
+    restore()
 
 
 # Which kernels serve the op: stage 9's, or the TMA kernels ("auto" takes them on a GPU of compute

@@ -327,9 +327,8 @@ def test_the_training_probes_check_their_sizes_and_keep_each_row_as_it_comes(tmp
 def caches():
     """Inductor's graph cache and AOTAutograd's cache, switched on for a test and put back after
     by assignment (monkeypatch's undo deletes a torch config entry it took for absent)."""
-    import torch._functorch.config
-    import torch._inductor.config
-    flags = ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"))
+    flags = bench_train.compile_cache_flags()
+    assert len(flags) == 2, "this torch names its compile caches otherwise"
     saved = [getattr(config, flag) for config, flag in flags]
     for config, flag in flags:
         setattr(config, flag, True)
@@ -340,14 +339,16 @@ def caches():
 
 def test_the_probes_turn_the_compile_caches_off_in_main_not_at_import(caches):
     """Importing a probe that trains (as the tests do) leaves Inductor's caches as they were; its
-    ``compile_caches_off`` turns both off."""
+    ``compile_caches_off`` turns both off, and what it returns puts them back."""
     from kernels.loader import ROOT, load_file
 
     for name in ("train_tiles", "compiled_host", "step_parts", "compiled_descriptors"):
         load_file(ROOT / "grader" / "bench" / "probes" / f"{name}.py")
         assert all(getattr(config, flag) is True for config, flag in caches), name
-    bench_train.compile_caches_off()
+    restore = bench_train.compile_caches_off()
     assert all(getattr(config, flag) is False for config, flag in caches)
+    restore()
+    assert all(getattr(config, flag) is True for config, flag in caches)
 
 
 def test_bench_train_compiles_afresh(monkeypatch, caches):

@@ -518,18 +518,31 @@ def write_json(rows: list[dict], gaps: dict[str, float], path: str) -> None:
         f.write("\n")
 
 
-def compile_caches_off() -> None:
+def compile_cache_flags() -> list[tuple]:
+    """``(config module, flag)`` of Inductor's graph cache and AOTAutograd's cache, those this torch has."""
+    import torch._functorch.config
+    import torch._inductor.config
+    return [(config, flag) for config, flag in ((torch._inductor.config, "fx_graph_cache"),
+                                                (torch._functorch.config, "enable_autograd_cache"))
+            if hasattr(config, flag)]
+
+
+def compile_caches_off():
     """Turn off Inductor's graph cache and AOTAutograd's cache in this process.  They key a compiled
     graph by what Dynamo traced, which holds the workbook's op as one call, so a run that compiles the
     same model under other plans, or after the op's code changed, would take the graph compiled
     before.  Called by bench train's and the probes' ``main``, never at import, so that importing a
-    probe (as the tests do) changes nothing."""
-    import torch._functorch.config
-    import torch._inductor.config
-    caches = ((torch._inductor.config, "fx_graph_cache"), (torch._functorch.config, "enable_autograd_cache"))
-    for config, flag in caches:
-        if hasattr(config, flag):
-            setattr(config, flag, False)
+    probe (as the tests do) changes nothing.  Returns a function that puts the flags back as they were
+    (by assignment)."""
+    flags = compile_cache_flags()
+    saved = [getattr(config, flag) for config, flag in flags]
+    for config, flag in flags:
+        setattr(config, flag, False)
+
+    def restore() -> None:
+        for (config, flag), value in zip(flags, saved):
+            setattr(config, flag, value)
+    return restore
 
 
 def probe_start(argv: list[str] | None, description: str, command: str, json_name: str):
