@@ -568,6 +568,19 @@ def probe_start(argv: list[str] | None, description: str, command: str, json_nam
     return sizes, args.json, doc
 
 
+def probe_model(size: Size, provider: str, warmup: int, steps: int):
+    """A probe's model: ``provider``'s at ``size``, compiled afresh (Dynamo reset first), its AdamW,
+    and ``warmup`` steps taken; returns ``(step_model, optimizer, batches)`` with ``steps`` batches
+    left to time."""
+    torch._dynamo.reset()
+    model, step_model = _model(size, provider, runtime.DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
+    data = batches(size, warmup + steps, runtime.DEVICE)
+    for tokens, targets in data[:warmup]:
+        _train_step(step_model, opt, tokens, targets)
+    return step_model, opt, data[warmup:]
+
+
 def probe_record(doc: dict, json_path: str, row: dict) -> dict:
     """``row`` added to a probe's ``doc`` and the doc written to ``json_path`` at once, so that a run
     cut short keeps its rows; returns the row."""

@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.getcwd())
-from kernels import runtime  # noqa: E402  (runtime decides TRITON_INTERPRET first)
+from kernels import runtime  # noqa: E402, F401  (imported first: it decides TRITON_INTERPRET)
 
 import torch  # noqa: E402
 
@@ -61,13 +61,7 @@ def parts(step_model, opt, tokens, targets) -> dict[str, float]:
 
 def run(size: bench_train.Size, provider: str) -> dict:
     """One row: ``provider``'s compiled step at ``size``, its host time by part and pipelined."""
-    torch._dynamo.reset()
-    model, step_model = bench_train._model(size, provider, runtime.DEVICE)
-    opt = torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
-    data = bench_train.batches(size, WARMUP + STEPS, runtime.DEVICE)
-    for tokens, targets in data[:WARMUP]:
-        bench_train._train_step(step_model, opt, tokens, targets)
-    timed = data[WARMUP:]
+    step_model, opt, timed = bench_train.probe_model(size, provider, WARMUP, STEPS)
     by_part: dict[str, list[float]] = {name: [] for name in PARTS}
     for tokens, targets in timed:
         _spin()

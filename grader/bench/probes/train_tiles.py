@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.getcwd())
-from kernels import runtime, tuning  # noqa: E402  (runtime decides TRITON_INTERPRET first)
+from kernels import runtime, tuning  # noqa: E402, F401  (runtime first: it decides TRITON_INTERPRET)
 from kernels.loader import ROOT, load_package  # noqa: E402
 
 import torch  # noqa: E402
@@ -65,21 +65,16 @@ def run(size: bench_train.Size, name: str, provider: str, tune_from: int | None,
     op.plans.KERNELS = kernel_set
     for cache in (op.plans._plans, op.plans._backward_plans, op.launch._chosen):
         cache.clear()                                   # plans made under another TUNE_FROM
-    torch._dynamo.reset()                               # and graphs traced with them
-    try:
-        model, step_model = bench_train._model(size, provider, runtime.DEVICE)
-        opt = torch.optim.AdamW(model.parameters(), lr=size.lr, weight_decay=0.01)
-        data = bench_train.batches(size, WARMUP + PROFILED, runtime.DEVICE)
-        for tokens, targets in data[:WARMUP]:
-            bench_train._train_step(step_model, opt, tokens, targets)
+    try:                                                # probe_model compiles afresh: no graph traced with them
+        step_model, opt, timed = bench_train.probe_model(size, provider, WARMUP, PROFILED)
         host = []
-        for tokens, targets in data[WARMUP:]:
+        for tokens, targets in timed:
             torch.cuda.synchronize()
             began = time.perf_counter()
             bench_train._train_step(step_model, opt, tokens, targets)
             host.append((time.perf_counter() - began) * 1e3)
         torch.cuda.synchronize()
-        kernels = attention_kernels(step_model, opt, data[WARMUP:])
+        kernels = attention_kernels(step_model, opt, timed)
     finally:
         tuning.TUNE_FROM = committed
         op.plans.KERNELS = "auto"
