@@ -309,7 +309,7 @@ def test_the_training_probes_check_their_sizes_and_keep_each_row_as_it_comes(tmp
     """grader/bench/probes/train_tiles.py and step_parts.py share bench train's probe command line:
     an unknown size is named, no GPU is said, and each row reaches the JSON when it is made."""
     from kernels.loader import ROOT, load_file
-    for name in ("train_tiles", "step_parts"):
+    for name in ("train_tiles", "step_parts", "step_host_profile"):
         probe = load_file(ROOT / "grader" / "bench" / "probes" / f"{name}.py")
         with pytest.raises(SystemExit) as exit_:
             probe.main(["--sizes", "b8n1024,huge"])
@@ -321,6 +321,49 @@ def test_the_training_probes_check_their_sizes_and_keep_each_row_as_it_comes(tmp
     for i in range(2):
         assert bench_train.probe_record(doc, str(path), {"i": i}) == {"i": i}
         assert json.loads(path.read_text())["rows"] == [{"i": j} for j in range(i + 1)]
+
+
+def test_the_host_profile_probe_groups_the_launchers_by_their_files():
+    """step_host_profile.py sums each group's functions by cumulative time a step, matching the file
+    as well as the name (another ``run`` or ``__call__`` is not a launcher), and its table shows
+    each group; its top list is by a function's own time."""
+    from kernels.loader import ROOT, load_file
+    probe = load_file(ROOT / "grader" / "bench" / "probes" / "step_host_profile.py")
+    site = "/venv/lib/python3.12/site-packages/"
+    stats = {(site + "triton/backends/nvidia/driver.py", 700, "__call__"): (16, 16, 0.002, 0.008, {}),
+             (site + "triton/tools/tensor_descriptor.py", 34, "from_tensor"): (32, 32, 0.001, 0.004, {}),
+             (site + "torch/_inductor/runtime/static_triton_launcher.py", 232, "run"): (113, 113, 0.003, 0.015, {}),
+             (site + "torch/_inductor/runtime/triton_heuristics.py", 1407, "run"): (129, 129, 0.008, 0.038, {}),
+             (site + "torch/autograd/function.py", 302, "__call__"): (1, 1, 0.0, 0.05, {}),
+             ("~", 0, "<built-in method torch.mm>"): (63, 63, 0.015, 0.015, {})}
+    assert probe.grouped(stats, 2) == {"Triton launcher": 4.0, "descriptors": 2.0, "Inductor launcher": 7.5}
+    assert probe.top(stats, 2, 2) == [["~:<built-in method torch.mm>", 7.5, 31.5],
+                                      ["runtime/triton_heuristics.py:run", 4.0, 64.5]]
+    row = dict(size="b8n1024", provider="op", host_ms=6.5, profiled_ms=9.75, calls=4276,
+               groups=probe.grouped(stats, 2))
+    assert probe.summary([row]) == [
+        "| size | provider | host ms a step | profiled ms | Python calls a step | Triton launcher ms | "
+        "descriptors ms | Inductor launcher ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| b8n1024 | op | 6.50 | 9.75 | 4276 | 4.00 | 2.00 | 7.50 |"]
+
+
+def test_the_host_profile_probe_puts_the_ops_descriptor_rule_back(monkeypatch):
+    """A row of the op with its kernels making their own descriptors sets the op's rule for one
+    model only: a model that fails to build leaves the rule as the op finds it (None, unset)."""
+    from kernels.loader import ROOT, load_file, load_package
+    probe = load_file(ROOT / "grader" / "bench" / "probes" / "step_host_profile.py")
+    op = load_package(ROOT / "solutions" / "attention_op")
+    seen = []
+
+    def model(size, provider, device):
+        seen.append(op.launch._GRAPH_DESCRIPTORS)
+        raise RuntimeError("no model here")
+    monkeypatch.setattr(bench_train, "_model", model)
+    monkeypatch.setattr(op.launch, "_GRAPH_DESCRIPTORS", None)
+    with pytest.raises(RuntimeError, match="no model here"):
+        probe.run(bench_train.SIZES["b8n1024"], "op-kernel-descriptors", "workbook-compiled", False)
+    assert seen == [False] and op.launch._GRAPH_DESCRIPTORS is None
 
 
 @pytest.fixture
@@ -342,7 +385,7 @@ def test_the_probes_turn_the_compile_caches_off_in_main_not_at_import(caches):
     ``compile_caches_off`` turns both off, and what it returns puts them back."""
     from kernels.loader import ROOT, load_file
 
-    for name in ("train_tiles", "compiled_host", "step_parts", "compiled_descriptors"):
+    for name in ("train_tiles", "compiled_host", "step_parts", "compiled_descriptors", "step_host_profile"):
         load_file(ROOT / "grader" / "bench" / "probes" / f"{name}.py")
         assert all(getattr(config, flag) is True for config, flag in caches), name
     restore = bench_train.compile_caches_off()
