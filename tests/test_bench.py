@@ -381,6 +381,28 @@ def test_readme_op_ratios_are_the_committed_bench_s():
             [ms[c, other] / ms[c, "op"] for c, p in ms if p == other and c.endswith(kind) and (c, "op") in ms]
             for kind in ("fwd", "bwd")))
         assert f"{fwd.removesuffix('x')}x/{bwd} {words}" in readme, (other, fwd, bwd)
+    timed, slower = _rows_cudnn_beats(ms)
+    assert f"cuDNN is faster on {_WORDS[len(slower)]} of its {_WORDS[len(timed)]} dense and GQA rows" in readme
+
+
+_WORDS = dict(enumerate("no one two three four five six seven eight nine ten eleven twelve".split()))
+
+
+def _rows_cudnn_beats(ms: dict) -> tuple[list, list]:
+    """The stage 9 bench's cases timed with cuDNN and the op, in the JSON's order, and those where
+    cuDNN took less time than the op."""
+    timed = [c for c, p in ms if p == "sdpa-cudnn" and (c, "op") in ms]
+    return timed, [c for c in timed if ms[c, "sdpa-cudnn"] < ms[c, "op"]]
+
+
+def _named(cases: list) -> str:
+    """"the D64 backward, the D64 causal forward and backward": dense cases by head dim, mask and
+    direction, a case's two directions named together."""
+    names: dict[str, list] = {}
+    for c in cases:
+        shape, direction = c.rsplit(" ", 1)
+        names.setdefault(shape.split(" ", 3)[-1], []).append({"fwd": "forward", "bwd": "backward"}[direction])
+    return ", ".join(f"the {shape} {' and '.join(d)}" for shape, d in names.items())
 
 
 def _probe(name: str):
@@ -601,6 +623,18 @@ def test_the_notes_ranges_for_the_op_on_the_h200_are_the_committed_bench_s():
     notes = " ".join((ROOT / "docs" / "hopper-notes.md").read_text().split())
     assert (f"the op at {span('sdpa-cudnn')} cuDNN, {span('sdpa-flash')} FA2, and {span('flex')} FlexAttention "
             f"({span('flex', 'W128 ')} at window 128, {span('flex', 'W1024 ')} at window 1024)") in notes
+    ms = {(r["case"], r["provider"]): r["ms"] for r in rows if r["ms"]}
+    timed, slower = _rows_cudnn_beats(ms)
+    behind = [ms[c, "sdpa-cudnn"] / ms[c, "op"] for c in slower]
+    assert (f"cuDNN was faster on {_WORDS[len(slower)]} of the {_WORDS[len(timed)]} dense and GQA rows "
+            f"({min(behind):.2f}-{max(behind):.2f}x: {_named(slower)})") in notes
+    assert all(" W" not in c for c in timed)
+    d128, before = "B4 H16 N4096 D128 fwd", {(r["case"], r["provider"]): r["ms"] for r in
+                                              json.loads((ROOT / "docs" / STAGE9_RUNS_21_22).read_text())["rows"]}
+    assert (f"the op's D128 forward took {ms[d128, 'op']:.3f} ms and stage 4's wgmma kernel, which is what the op "
+            f"runs there, {ms[d128, 'solution-wgmma']:.3f} ms in its own row (`solution-wgmma`), "
+            f"{ms[d128, 'op'] / ms[d128, 'solution-wgmma']:.2f}x apart; in the run before, the op's row was the "
+            f"faster by {1 - before[d128, 'op'] / before[d128, 'solution-wgmma']:.0%}") in notes
 
 
 def test_the_host_table_in_the_notes_is_the_committed_run_s():
