@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-os.environ["CUDA_VISIBLE_DEVICES"] = ""          # before torch: a GPU would change the plans' tiles
+os.environ["CUDA_VISIBLE_DEVICES"] = ""          # before torch (compile_targets does too): a GPU would change the tiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compile_targets  # turns the interpreter off; its stand-in driver serves here too
