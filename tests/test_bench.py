@@ -253,6 +253,36 @@ def test_table_shows_throughput_ratios_and_notes():
     assert not any(line.startswith("stage8 peak memory") for line in lines)     # no stage8 row has a peak
 
 
+def test_bench_hands_over_each_case_as_it_is_timed():
+    """``run``'s ``each_case`` gets each case's rows once that case is timed, in order."""
+    cases = [Case(1, 2, 16, 16, 16, dtype=F32), Case(1, 2, 32, 32, 16, causal=True, dtype=F32)]
+    handed = []
+    rows = measure.run("stage9", cases=cases, providers=[_Torch("right"), _Torch("broken", fail=True)], device="cpu",
+                       timer=lambda fn: (fn(), 0.5)[1], memory=lambda make: (make(), 1.0)[1],
+                       log=lambda *a, **k: None, each_case=lambda case_rows: handed.append(list(case_rows)))
+    assert [[(r["case"], r["provider"]) for r in h] for h in handed] == [
+        [(c.name, "right"), (c.name, "broken")] for c in cases]
+    assert sum(handed, []) == rows
+
+
+def test_a_bench_cut_short_keeps_the_cases_it_timed(tmp_path, monkeypatch):
+    """``bench --json`` writes the rows after each case: a run stopped in its third case (a time
+    limit, an interrupt) leaves a JSON of the two before it."""
+    path = tmp_path / "bench.json"
+    row = dict(stage="stage9", provider="op", ms=1.0, tflops=1.0, peak_mib=1.0, input_mib=1.0, note="")
+
+    def run(stage, *, each_case, **kwargs):
+        for case in ("first", "second"):
+            each_case([dict(row, case=case)])
+        raise KeyboardInterrupt
+    monkeypatch.setattr(measure.runtime, "ON_GPU", True)
+    monkeypatch.setattr(measure.runtime, "describe", lambda: "a GPU")
+    monkeypatch.setattr(measure, "run", run)
+    with pytest.raises(KeyboardInterrupt):
+        measure.main("stage9", json_path=str(path))
+    assert [r["case"] for r in json.loads(path.read_text())["rows"]] == ["first", "second"]
+
+
 def test_json_rows_round_trip(tmp_path):
     path = tmp_path / "bench.json"
     tables.write_json([dict(r, extra="dropped") for r in ROWS], path)

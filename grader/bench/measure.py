@@ -196,9 +196,9 @@ def bench_case(stage: str, case: Case, providers: dict, *, timer: Callable, devi
 
 def run(stage: str, *, source: str = "solutions", providers: list | None = None, cases: list[Case] | None = None,
         warmup: int = WARMUP_MS, rep: int = REP_MS, log=print, device="cuda", timer: Callable | None = None,
-        memory: Callable | None = None) -> list[dict]:
+        memory: Callable | None = None, each_case: Callable | None = None) -> list[dict]:
     """Time every provider on every case of ``stage``; rows {stage, case, provider, ms, tflops, peak_mib,
-    input_mib, note}.
+    input_mib, note}.  ``each_case(rows)``, where given, is called with a case's rows once it is timed.
 
     ``providers``: names (default: the stage's list) or :class:`Provider` objects.  ``timer(fn)``
     returns milliseconds (default: ``do_bench``'s median of ``rep`` ms after ``warmup`` ms);
@@ -224,6 +224,8 @@ def run(stage: str, *, source: str = "solutions", providers: list | None = None,
     rows = []
     for seed, case in enumerate(cases):
         rows += bench_case(stage, case, made, timer=timer, device=device, seed=seed, log=log, memory=memory)
+        if each_case is not None:
+            each_case(rows[-len(made):])
     return rows
 
 
@@ -272,10 +274,15 @@ def main(stage_names: str, *, learner: bool = False, providers: str | None = Non
     print(f"benchmarking {', '.join(stages)} ({source}/) on {runtime.describe()}; bfloat16, do_bench median of "
           f"{rep} ms after {WARMUP_MS} ms of warm-up", flush=True)
     rows, start = [], time.perf_counter()
+
+    def keep(case_rows):                    # the JSON holds every case timed so far: a run cut short keeps them
+        rows.extend(case_rows)
+        if json_path:
+            write_json(rows, json_path)
     for stage in stages:
         began = time.perf_counter()
         print(f"{stage}:", flush=True)
-        rows += run(stage, source=source, providers=chosen, rep=rep)
+        run(stage, source=source, providers=chosen, rep=rep, each_case=keep)
         print(f"  ({time.perf_counter() - began:.0f} s)", flush=True)
     print()
     print(table(rows))
