@@ -732,14 +732,25 @@ def test_a_traced_graph_makes_the_tma_kernels_descriptors_when_it_runs():
         {"kernel": "_tma_dq_kernel", "descriptors": {"K": rows, "V": rows}, "in_graph": ["K", "V"], "written": ["DQ"]}]
 
 
+#: Each traced launch where the kernels make their own descriptors: (kernel, descriptors, written).
+KERNEL_MADE = [("_tma_forward_kernel", {}, ["LSE", "O"]), ("_bwd_preprocess_kernel", {}, ["DELTA", "DSINKS_PART"]),
+               ("_tma_dkdv_kernel", {}, ["DK", "DV"]), ("_tma_dq_kernel", {}, ["DQ"])]
+
+
 def test_without_torchs_host_descriptor_support_the_kernels_make_their_own():
     """Where torch does not take the device for one with host descriptors, its write analysis
     would misread a descriptor's arguments (launch.py, ``_graph_descriptors``): there the traced
     kernels make their own descriptors, and every kernel is still found to write its outputs."""
     launches = _traced_launches("WORKBOOK_TRACE_AS_FOUND=1")["launches"]
-    assert [(r["kernel"], r["descriptors"], r["written"]) for r in launches] == [
-        ("_tma_forward_kernel", {}, ["LSE", "O"]), ("_bwd_preprocess_kernel", {}, ["DELTA", "DSINKS_PART"]),
-        ("_tma_dkdv_kernel", {}, ["DK", "DV"]), ("_tma_dq_kernel", {}, ["DQ"])]
+    assert [(r["kernel"], r["descriptors"], r["written"]) for r in launches] == KERNEL_MADE
+
+
+def test_workbook_graph_descriptors_0_has_the_kernels_make_their_own():
+    """``WORKBOOK_GRAPH_DESCRIPTORS=0`` keeps descriptors out of traced graphs where torch could
+    carry them (as torch finds things on an H100): the kernels make their own, and every kernel is
+    still found to write its outputs."""
+    launches = _traced_launches("WORKBOOK_GRAPH_DESCRIPTORS=0")["launches"]
+    assert [(r["kernel"], r["descriptors"], r["written"]) for r in launches] == KERNEL_MADE
 
 
 @gpu

@@ -13,6 +13,8 @@ through ctypes, and the ops through ops of their own (library.py), opaque to the
 
 from __future__ import annotations
 
+import os
+
 from kernels import runtime, tuning
 
 import torch
@@ -129,11 +131,14 @@ def _host_descriptors(launch) -> bool:
 # describes, and the graph makes the descriptor when it runs, over the buffer it has then
 # (Inductor's wrapper code calls ``TensorDescriptor.from_tensor``).  ``op_launch`` fills it for
 # the descriptors launch.py makes.  It leans on torch's private tracing classes, so it is used only
-# where they are found as expected, and the kernels make their own descriptors elsewhere.
+# where they are found as expected, and the kernels make their own descriptors elsewhere, or where
+# ``WORKBOOK_GRAPH_DESCRIPTORS=0`` asks for that (read at the first traced launch).
 
 def _graph_descriptors() -> bool:
     """Whether this torch's tracing of ``wrap_triton`` can carry descriptors as described above."""
     global _GRAPH_DESCRIPTORS
+    if _GRAPH_DESCRIPTORS is None and os.environ.get("WORKBOOK_GRAPH_DESCRIPTORS", "1") == "0":
+        _GRAPH_DESCRIPTORS = False
     if _GRAPH_DESCRIPTORS is None:
         try:
             from torch._higher_order_ops import triton_kernel_wrap as wrap
