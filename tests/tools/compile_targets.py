@@ -48,7 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 # The wrappers run on CPU tensors with a stand-in driver: any GPU is hidden, so that kernels.runtime
-# and the plans see a machine without one, as this script is written for, whatever runs it.
+# and the plans see a machine without one, as this script (and traced_launches.py, which imports it)
+# is written for, whatever runs it.  On an H200 a visible GPU changed traced_launches.py's tiles.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 from kernels import runtime  # noqa: E402  (sets TRITON_INTERPRET without a GPU: undone just below)

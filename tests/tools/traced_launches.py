@@ -12,8 +12,8 @@ AOTAutograd's graphs (no kernel is compiled to machine code or run), and lists e
 kernel, its descriptor metadata, which of those arguments are graph values, and which tensors
 the graph clones because the kernel writes them) and any ``as_strided`` in the graph (a view
 whose storage offset Inductor would have to get right).  It must run in a process of its own, for the
-reason tests/tools/kernel_writes.py gives.  The trace is the CPU's on every machine: a GPU here is
-hidden from it, so that its tiles are the ones the CPU plans.  ``WORKBOOK_TRACE_AS_FOUND=1`` leaves
+reason tests/tools/kernel_writes.py gives.  The trace is the CPU's on every machine: importing
+compile_targets hides any GPU, so that the tiles are the ones the CPU plans.  ``WORKBOOK_TRACE_AS_FOUND=1`` leaves
 torch's view of that (no device with host descriptors) as it is.
 """
 
@@ -24,10 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-os.environ["CUDA_VISIBLE_DEVICES"] = ""          # before torch (compile_targets does too): a GPU would change the tiles
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import compile_targets  # turns the interpreter off; its stand-in driver serves here too
+import compile_targets  # hides any GPU and turns the interpreter off; its stand-in driver serves here too
 import torch
 from triton.runtime import driver
 
