@@ -267,20 +267,28 @@ def test_bench_hands_over_each_case_as_it_is_timed():
 
 def test_a_bench_cut_short_keeps_the_cases_it_timed(tmp_path, monkeypatch):
     """``bench --json`` writes the rows after each case: a run stopped in its third case (a time
-    limit, an interrupt) leaves a JSON of the two before it."""
+    limit, an interrupt) leaves a JSON of the two before it, and a whole run (two stages) a JSON of
+    every case."""
     path = tmp_path / "bench.json"
     row = dict(stage="stage9", provider="op", ms=1.0, tflops=1.0, peak_mib=1.0, input_mib=1.0, note="")
+    stop = [True]
 
     def run(stage, *, each_case, **kwargs):
         for case in ("first", "second"):
-            each_case([dict(row, case=case)])
-        raise KeyboardInterrupt
+            each_case([dict(row, stage=stage, case=case)])
+        if stop[0]:
+            raise KeyboardInterrupt
     monkeypatch.setattr(measure.runtime, "ON_GPU", True)
     monkeypatch.setattr(measure.runtime, "describe", lambda: "a GPU")
     monkeypatch.setattr(measure, "run", run)
+    monkeypatch.setattr(measure, "table", lambda rows: "")
     with pytest.raises(KeyboardInterrupt):
         measure.main("stage9", json_path=str(path))
     assert [r["case"] for r in json.loads(path.read_text())["rows"]] == ["first", "second"]
+    stop[0] = False
+    assert measure.main("stage5,stage9", json_path=str(path)) == 0
+    assert [(r["stage"], r["case"]) for r in json.loads(path.read_text())["rows"]] == [
+        (stage, case) for stage in ("stage5", "stage9") for case in ("first", "second")]
 
 
 def test_json_rows_round_trip(tmp_path):

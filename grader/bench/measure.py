@@ -287,8 +287,7 @@ def main(stage_names: str, *, learner: bool = False, providers: str | None = Non
     print()
     print(table(rows))
     print(f"\n{len(rows)} rows in {time.perf_counter() - start:.0f} s")
-    if json_path:
-        write_json(rows, json_path)
+    if json_path:                           # written after each case (keep); the last write holds every row
         print(f"wrote {json_path}")
     if plot_path:
         chart.plot(rows, plot_path, title=f"{runtime.describe()}, bfloat16 ({source}/)")
