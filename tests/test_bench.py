@@ -419,10 +419,6 @@ def test_readme_op_ratios_are_the_committed_bench_s():
             [ms[c, other] / ms[c, "op"] for c, p in ms if p == other and c.endswith(kind) and (c, "op") in ms]
             for kind in ("fwd", "bwd")))
         assert f"{fwd.removesuffix('x')}x/{bwd} {words}" in readme, (other, fwd, bwd)
-    timed, slower = _rows_cudnn_beats(ms)
-    behind = [1 - ms[c, "sdpa-cudnn"] / ms[c, "op"] for c in slower]
-    assert (f"cuDNN is faster on {_WORDS[len(slower)]} of the {_WORDS[len(timed)]} dense and GQA rows, by "
-            f"{100 * min(behind):.0f}-{100 * max(behind):.0f}%)") in readme
 
 
 _WORDS = dict(enumerate("no one two three four five six seven eight nine ten eleven twelve".split()))
